@@ -1,0 +1,281 @@
+// fp4moe/formats.h — the number formats, one implementation for host and device.
+//
+// Everything here is plain integer and IEEE fp32 arithmetic with explicit round-to-nearest
+// operations, so the CPU reference and the GPU kernels compute byte-identical codes and scales.
+// (Device code must not flush subnormals: build without --use_fast_math / -ftz=true.)
+//
+// Formats (OCP Microscaling v1.0 names):
+//   E2M1  4-bit float, values {0, .5, 1, 1.5, 2, 3, 4, 6} and their negatives; no Inf/NaN.
+//   E4M3  8-bit float "fn": bias 7, max 448, subnormals down to 2^-9, 0x7F/0xFF = NaN, no Inf.
+//   UE8M0 8-bit power of two 2^(e-127), e in [0, 254]; 0xFF = NaN.
+//   bf16  the upper 16 bits of an fp32, round-to-nearest-even.
+//
+// Block quantisers (design.md §1, reference §2.1 exact path, §2.8, §2.10):
+//   NVFP4  16 values, E4M3 block scale, fp32 *decode* global scale g:  v ≈ code · sf · g
+//   MXFP4  32 values, UE8M0 block scale 2^ceil(log2(amax/6)):            v ≈ code · 2^(e-127)
+//   MXFP8  32 values of E4M3, UE8M0 block scale 2^ceil(log2(amax/448)):  v ≈ e4m3 · 2^(e-127)
+//
+// Special values (defined here, tested in tests/test_formats.cpp):
+//   * NaN anywhere in a block: the block scale is the format's NaN (E4M3 0x7F, UE8M0 0xFF) and every
+//     code is 0, so the whole block decodes to NaN and the NaN propagates through the GEMM.
+//   * ±Inf saturates ("satfinite"): the block scale is the largest the rule allows and the element
+//     becomes the largest code of its sign.
+//   * NVFP4 with g == 0 (or g·sf underflowing to 0): the block quantises to zero (scale 0, codes 0).
+//   * A block of zeros: scale 0 for NVFP4, 2^-127 (byte 0) for MX formats; codes 0.
+//   * The sign of zero is kept in E2M1 codes (-0.1 → 0x8), as hardware conversions do.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define FP4MOE_HD __host__ __device__ __forceinline__
+#else
+#define FP4MOE_HD inline
+#endif
+
+namespace fp4moe::fmt {
+
+// ---------------------------------------------------------------------------------------------
+// Bit casts and fp32 operations that are never fused or approximated.
+// ---------------------------------------------------------------------------------------------
+FP4MOE_HD uint32_t f32_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+FP4MOE_HD float bits_f32(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+FP4MOE_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  volatile float r = a * b;  // volatile: no contraction into an FMA with a neighbour
+  return r;
+#endif
+}
+
+FP4MOE_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  volatile float r = a / b;
+  return r;
+#endif
+}
+
+FP4MOE_HD bool is_nan(float f) { return (f32_bits(f) & 0x7FFFFFFFu) > 0x7F800000u; }
+FP4MOE_HD float abs_f(float f) { return bits_f32(f32_bits(f) & 0x7FFFFFFFu); }
+
+// 2^k as an fp32, exact for k in [-149, 127] (subnormal below -126).
+FP4MOE_HD float pow2f(int k) {
+  if (k >= -126) return bits_f32(static_cast<uint32_t>(k + 127) << 23);
+  return bits_f32(1u << (k + 149));
+}
+
+// ceil(log2(x)) for finite x > 0, exactly (no lg2.approx).
+FP4MOE_HD int ceil_log2(float x) {
+  uint32_t b = f32_bits(x) & 0x7FFFFFFFu;
+  int e = static_cast<int>(b >> 23);
+  uint32_t m = b & 0x7FFFFFu;
+  if (e == 0) {  // subnormal: x = m · 2^-149, m > 0
+    int msb = 31;
+    while (!((m >> msb) & 1u)) --msb;
+    int fl = msb - 149;  // floor(log2 x)
+    return (m & ((1u << msb) - 1u)) ? fl + 1 : fl;
+  }
+  return m ? e - 127 + 1 : e - 127;
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16
+// ---------------------------------------------------------------------------------------------
+FP4MOE_HD uint16_t bf16_from_f32(float f) {
+  uint32_t u = f32_bits(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest even; carries into the exponent correctly
+  return static_cast<uint16_t>(u >> 16);
+}
+
+FP4MOE_HD float f32_from_bf16(uint16_t h) { return bits_f32(static_cast<uint32_t>(h) << 16); }
+
+FP4MOE_HD float round_bf16(float f) { return f32_from_bf16(bf16_from_f32(f)); }
+
+// ---------------------------------------------------------------------------------------------
+// E2M1 (4 bits: sign, 2 exponent, 1 mantissa)
+// ---------------------------------------------------------------------------------------------
+constexpr float kE2M1Max = 6.0f;
+
+FP4MOE_HD float e2m1_decode(uint8_t code) {
+  // magnitude codes 0..7 → 0, .5, 1, 1.5, 2, 3, 4, 6
+  const uint32_t mag = code & 7u;
+  const uint32_t e = mag >> 1, m = mag & 1u;
+  float v = e == 0 ? 0.5f * static_cast<float>(m) : pow2f(static_cast<int>(e) - 1) * (1.0f + 0.5f * m);
+  return (code & 8u) ? -v : v;
+}
+
+// Round to nearest, ties to the even code, saturating at ±6. NaN encodes as +0 (the block scale
+// carries the NaN, see the file comment).
+FP4MOE_HD uint8_t e2m1_encode(float x) {
+  if (is_nan(x)) return 0;
+  const float a = abs_f(x);
+  // Decision points are the midpoints between neighbours; a tie goes to the even code.
+  uint8_t mag;
+  if (a <= 0.25f) mag = 0;        // tie 0.25 → 0 (even)
+  else if (a < 0.75f) mag = 1;    // tie 0.75 → 2
+  else if (a <= 1.25f) mag = 2;   // tie 1.25 → 2
+  else if (a < 1.75f) mag = 3;    // tie 1.75 → 4
+  else if (a <= 2.5f) mag = 4;    // tie 2.5  → 4
+  else if (a < 3.5f) mag = 5;     // tie 3.5  → 6
+  else if (a <= 5.0f) mag = 6;    // tie 5    → 6
+  else mag = 7;                   // saturate (Inf too)
+  return static_cast<uint8_t>(mag | ((f32_bits(x) >> 28) & 8u));
+}
+
+// ---------------------------------------------------------------------------------------------
+// E4M3 "fn" (bias 7, max 448, NaN = 0x7F / 0xFF)
+// ---------------------------------------------------------------------------------------------
+constexpr float kE4M3Max = 448.0f;
+constexpr uint8_t kE4M3NaN = 0x7F;
+
+FP4MOE_HD float e4m3_decode(uint8_t b) {
+  const uint32_t e = (b >> 3) & 0xFu, m = b & 7u;
+  float v;
+  if (e == 15 && m == 7) v = bits_f32(0x7FC00000u);
+  else if (e == 0) v = static_cast<float>(m) * pow2f(-9);
+  else v = static_cast<float>(8u + m) * pow2f(static_cast<int>(e) - 10);
+  return (b & 0x80u) ? -v : v;
+}
+
+// Round to nearest even, saturating to ±448 (satfinite); NaN → 0x7F with the input's sign.
+FP4MOE_HD uint8_t e4m3_encode(float x) {
+  const uint8_t sign = static_cast<uint8_t>((f32_bits(x) >> 24) & 0x80u);
+  if (is_nan(x)) return static_cast<uint8_t>(sign | kE4M3NaN);
+  const float a = abs_f(x);
+  if (a >= kE4M3Max) return static_cast<uint8_t>(sign | 0x7E);
+  if (a < pow2f(-6)) {
+    // Subnormal range: value = m · 2^-9, m in 0..8 (m = 8 is the smallest normal, code 0x08).
+    // a · 2^9 is exact; adding and subtracting 2^23 rounds it to the nearest even integer.
+    float s = mul_rn(a, 512.0f);
+#if defined(__CUDA_ARCH__)
+    float r = __fsub_rn(__fadd_rn(s, 8388608.0f), 8388608.0f);
+#else
+    volatile float t = s + 8388608.0f;
+    float r = t - 8388608.0f;
+#endif
+    return static_cast<uint8_t>(sign | static_cast<uint8_t>(r));
+  }
+  // Normal: round the fp32 mantissa from 23 to 3 bits, nearest even (may carry into the exponent).
+  uint32_t b = f32_bits(a);
+  b += 0x7FFFFu + ((b >> 20) & 1u);
+  const int e = static_cast<int>(b >> 23) - 127 + 7;
+  const uint32_t m = (b >> 20) & 7u;
+  if (e > 15 || (e == 15 && m == 7)) return static_cast<uint8_t>(sign | 0x7E);
+  return static_cast<uint8_t>(sign | (e << 3) | m);
+}
+
+// ---------------------------------------------------------------------------------------------
+// UE8M0 (power-of-two scale)
+// ---------------------------------------------------------------------------------------------
+constexpr uint8_t kUE8M0NaN = 0xFF;
+
+FP4MOE_HD float ue8m0_decode(uint8_t e) {
+  return e == kUE8M0NaN ? bits_f32(0x7FC00000u) : pow2f(static_cast<int>(e) - 127);
+}
+
+// The MX scale byte for a block whose largest magnitude is amax and whose element format's largest
+// value is elem_max: 2^ceil(log2(amax / elem_max)), clamped to [2^-127, 2^127]. Zero → byte 0.
+FP4MOE_HD uint8_t mx_scale_byte(float amax, float elem_max) {
+  if (is_nan(amax)) return kUE8M0NaN;
+  if (!(amax > 0.0f)) return 0;
+  const float t = div_rn(amax, elem_max);
+  if (t > 3.0e38f) return 254;  // Inf (or past 2^127)
+  int e = ceil_log2(t) + 127;
+  return static_cast<uint8_t>(e < 0 ? 0 : (e > 254 ? 254 : e));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packing: two E2M1 codes per byte, element 2j in the low nibble of byte j.
+// ---------------------------------------------------------------------------------------------
+FP4MOE_HD uint8_t pack_e2m1x2(uint8_t lo, uint8_t hi) {
+  return static_cast<uint8_t>((lo & 0xFu) | ((hi & 0xFu) << 4));
+}
+FP4MOE_HD uint8_t unpack_e2m1(const uint8_t* packed, int64_t i) {
+  return static_cast<uint8_t>((packed[i >> 1] >> ((i & 1) * 4)) & 0xFu);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block quantisers. Input: n fp32 values. Output: the scale byte; codes written one per byte
+// (caller packs) — keeps the routine usable for any destination layout.
+// ---------------------------------------------------------------------------------------------
+constexpr int kNvfp4Block = 16;
+constexpr int kMxBlock = 32;
+
+FP4MOE_HD float block_amax(const float* v, int n, bool* has_nan) {
+  float amax = 0.0f;
+  bool nan = false;
+  for (int i = 0; i < n; ++i) {
+    nan |= is_nan(v[i]);
+    const float a = abs_f(v[i]);
+    amax = a > amax ? a : amax;
+  }
+  *has_nan = nan;
+  return amax;
+}
+
+// NVFP4: sf = e4m3(min(amax / (6·g), 448)); code_i = e2m1(v_i · (1 / (sf·g))).
+FP4MOE_HD uint8_t nvfp4_quantize_block(const float* v, float g, uint8_t* codes) {
+  bool nan;
+  const float amax = block_amax(v, kNvfp4Block, &nan);
+  for (int i = 0; i < kNvfp4Block; ++i) codes[i] = 0;
+  if (nan || is_nan(g)) return kE4M3NaN;
+  if (!(g > 0.0f)) return 0;
+  float sf = div_rn(amax, mul_rn(6.0f, g));
+  sf = sf > kE4M3Max ? kE4M3Max : sf;
+  const uint8_t byte = e4m3_encode(sf);
+  const float denom = mul_rn(e4m3_decode(byte), g);
+  if (!(denom > 0.0f)) return byte;
+  const float inv = div_rn(1.0f, denom);
+  for (int i = 0; i < kNvfp4Block; ++i) codes[i] = e2m1_encode(mul_rn(v[i], inv));
+  return byte;
+}
+
+// MXFP4: e = clamp(ceil(log2(amax/6)) + 127, 0, 254); code_i = e2m1(v_i · 2^(127-e)).
+FP4MOE_HD uint8_t mxfp4_quantize_block(const float* v, uint8_t* codes) {
+  bool nan;
+  const float amax = block_amax(v, kMxBlock, &nan);
+  for (int i = 0; i < kMxBlock; ++i) codes[i] = 0;
+  if (nan) return kUE8M0NaN;
+  const uint8_t e = mx_scale_byte(amax, kE2M1Max);
+  const float m = pow2f(127 - static_cast<int>(e));
+  for (int i = 0; i < kMxBlock; ++i) codes[i] = e2m1_encode(mul_rn(v[i], m));
+  return e;
+}
+
+// MXFP8 (E4M3 elements): e = clamp(ceil(log2(amax/448)) + 127, 0, 254); q_i = e4m3(v_i · 2^(127-e)).
+// A NaN block gets scale 0xFF and elements 0.
+FP4MOE_HD uint8_t mxfp8_quantize_block(const float* v, uint8_t* q) {
+  bool nan;
+  const float amax = block_amax(v, kMxBlock, &nan);
+  for (int i = 0; i < kMxBlock; ++i) q[i] = 0;
+  if (nan) return kUE8M0NaN;
+  const uint8_t e = mx_scale_byte(amax, kE4M3Max);
+  const float m = pow2f(127 - static_cast<int>(e));
+  for (int i = 0; i < kMxBlock; ++i) q[i] = e4m3_encode(mul_rn(v[i], m));
+  return e;
+}
+
+}  // namespace fp4moe::fmt

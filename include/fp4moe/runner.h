@@ -1,0 +1,74 @@
+// fp4moe/runner.h — running the fused MoE: MoeRunner and the one-shot fused_moe().
+//
+//   out[t] = Σ_{j<K} w[t,j] · FC2_e( act( FC1_e( Qin(x[t]) ) ) ),   e = ids[t,j]
+//
+// Routes whose expert id lies outside the config's local range (including −1, and any id outside
+// [0, E)) contribute nothing. Every element of `out` is written by each call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "fp4moe/config.h"
+#include "fp4moe/weights.h"
+
+struct CUstream_st;  // cudaStream_t without including the CUDA headers
+
+namespace fp4moe {
+
+struct RunnerOptions {
+  int64_t max_tokens = 4096;       // capacity: the workspace is sized for this many tokens
+  Backend backend = Backend::kAuto;
+  bool deterministic = false;      // bit-identical output from run to run
+  int cpu_threads = 0;             // reference backend: 0 = all hardware threads
+};
+
+// Owns prepared weights, a workspace sized for max_tokens and the per-T plan. run() allocates
+// nothing, never synchronises the host and never reads device data on the host, so it may be
+// captured in a CUDA graph. One runner per stream (the workspace is the runner's own).
+class MoeRunner {
+ public:
+  MoeRunner(const MoeConfig& config, PreparedWeights weights, const RunnerOptions& options = {});
+  ~MoeRunner();
+  MoeRunner(MoeRunner&&) noexcept;
+  MoeRunner& operator=(MoeRunner&&) noexcept;
+  MoeRunner(const MoeRunner&) = delete;
+  MoeRunner& operator=(const MoeRunner&) = delete;
+
+  // x: [T, H] bf16 (raw 16-bit patterns); topk_ids: [T, K] int32 or int64; topk_weights: [T, K]
+  // fp32; out: [T, H] of config.output_dtype. Host pointers for a host runner, device pointers
+  // on the runner's device otherwise. All row-major and contiguous. x and out 16-byte aligned.
+  void run(const void* x, const void* topk_ids, IndexType ids_type, const float* topk_weights,
+           void* out, int64_t num_tokens, CUstream_st* stream = nullptr);
+
+  // The backend a call with num_tokens tokens runs on (after validation of num_tokens).
+  Backend plan(int64_t num_tokens) const;
+  const MoeConfig& config() const;
+  const RunnerOptions& options() const;
+  int device() const;
+  size_t workspace_bytes() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// One-shot form: builds a runner for num_tokens and runs it once (synchronous on the host
+// backend; stream-ordered on a GPU, but it allocates, so not for graph capture).
+void fused_moe(const MoeConfig& config, const PreparedWeights& weights, const void* x,
+               const void* topk_ids, IndexType ids_type, const float* topk_weights, void* out,
+               int64_t num_tokens, const RunnerOptions& options = {}, CUstream_st* stream = nullptr);
+
+// Build and device facts for `fp4moe info`.
+struct BuildInfo {
+  const char* version;
+  const char* git_commit;
+  const char* cuda_version;   // the toolkit this was built with
+  const char* cuda_archs;     // e.g. "sm_90a"
+};
+BuildInfo build_info();
+int cuda_device_count();      // 0 where there is no GPU or no driver; never throws
+
+}  // namespace fp4moe
