@@ -98,16 +98,21 @@ void dequant_row(const QuantizedProjection& p, int e, int r, double* out) {
   }
 }
 
-std::vector<double> moe_forward_f64(const MoeConfig& config, const QuantizedCheckpoint& w,
-                                    const uint16_t* x, const void* ids, IndexType ids_type,
-                                    const float* topk_weights, int64_t T, int threads) {
+namespace {
+
+// The whole forward pass; with h_amax it stops after the activation and records, per local
+// expert, the largest |h| (after bf16 rounding) instead.
+std::vector<double> forward(const MoeConfig& config, const QuantizedCheckpoint& w, const uint16_t* x,
+                            const void* ids, IndexType ids_type, const float* topk_weights, int64_t T,
+                            int threads, std::vector<float>* h_amax) {
   const int H = config.hidden, I = config.intermediate, K = config.top_k;
   const int N1 = config.fc1_rows();
   const int EL = config.local_count(), first = config.local_expert_first;
   FP4MOE_REQUIRE(w.w13.rows == N1 && w.w13.cols == H && w.w2.rows == H && w.w2.cols == I &&
                      w.w13.experts == EL && w.w2.experts == EL,
                  InvalidArgument, "weights", "canonical weights do not match ", config.to_string());
-  std::vector<double> result(static_cast<size_t>(T) * H, 0.0);
+  std::vector<double> result(h_amax ? 0 : static_cast<size_t>(T) * H, 0.0);
+  if (h_amax) h_amax->assign(EL, 0.0f);
   const bool nv_a4 = config.needs_input_scales();
   const double sw_alpha = config.swiglu.alpha, sw_beta = config.swiglu.beta, sw_limit = config.swiglu.limit;
 
@@ -163,7 +168,7 @@ std::vector<double> moe_forward_f64(const MoeConfig& config, const QuantizedChec
     parallel_for(static_cast<int64_t>(active.size()), threads, [&](int64_t a) {
       const int e = active[a];
       std::vector<float> hf(I);
-      const float g = nv_a4 ? w.fc2_input_scale[e] : 1.0f;
+      const float g = nv_a4 && !h_amax ? w.fc2_input_scale[e] : 1.0f;
       for (const Route& r : routes[e]) {
         const double* f = &fc1[rix(r) * N1];
         for (int i = 0; i < I; ++i) {
@@ -173,9 +178,14 @@ std::vector<double> moe_forward_f64(const MoeConfig& config, const QuantizedChec
           const double h = apply_activation<double>(config.activation, gate, up, sw_alpha, sw_beta, sw_limit);
           hf[i] = fmt::round_bf16(static_cast<float>(h));
         }
+        if (h_amax) {
+          for (int i = 0; i < I; ++i) (*h_amax)[e] = std::max((*h_amax)[e], std::fabs(hf[i]));
+          continue;
+        }
         quant_dequant(config, hf.data(), I, g, &hq[rix(r) * I]);
       }
     });
+    if (h_amax) continue;
 
     // FC2 and the router weight: tasks of (expert, block of output columns).
     const int n2_blocks = (H + kRowBlock - 1) / kRowBlock;
@@ -207,6 +217,21 @@ std::vector<double> moe_forward_f64(const MoeConfig& config, const QuantizedChec
     });
   }
   return result;
+}
+
+}  // namespace
+
+std::vector<double> moe_forward_f64(const MoeConfig& config, const QuantizedCheckpoint& w, const uint16_t* x,
+                                    const void* ids, IndexType ids_type, const float* topk_weights, int64_t T,
+                                    int threads) {
+  return forward(config, w, x, ids, ids_type, topk_weights, T, threads, nullptr);
+}
+
+std::vector<float> intermediate_amax(const MoeConfig& config, const QuantizedCheckpoint& w, const uint16_t* x,
+                                     const void* ids, IndexType ids_type, int64_t T, int threads) {
+  std::vector<float> amax;
+  forward(config, w, x, ids, ids_type, nullptr, T, threads, &amax);
+  return amax;
 }
 
 void moe_forward(const MoeConfig& config, const QuantizedCheckpoint& weights, const uint16_t* x,

@@ -36,4 +36,10 @@ std::vector<double> moe_forward_f64(const MoeConfig& config, const QuantizedChec
                                     const uint16_t* x, const void* topk_ids, IndexType ids_type,
                                     const float* topk_weights, int64_t num_tokens, int threads = 0);
 
+// Per local expert, the largest |h| of the bf16-rounded intermediate over the given tokens (0 for
+// experts no token reaches). For calibrating fc2_input_scale. fc2_input_scale may be absent.
+std::vector<float> intermediate_amax(const MoeConfig& config, const QuantizedCheckpoint& weights,
+                                     const uint16_t* x, const void* topk_ids, IndexType ids_type,
+                                     int64_t num_tokens, int threads = 0);
+
 }  // namespace fp4moe::reference

@@ -1,0 +1,81 @@
+// src/testing — random problems and accuracy checks shared by the tests, `fp4moe check` and
+// `fp4moe bench`. Host memory only; no CUDA.
+//
+// Data follow ../shared/bench-protocol.md: normal activations, softmax-top-k routing (renormalised),
+// weights quantised from normal values, NVFP4 input scales calibrated from the data. Never zeros.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fp4moe/config.h"
+#include "fp4moe/weights.h"
+
+namespace fp4moe::testkit {
+
+struct ProblemSpec {
+  MoeConfig config;
+  int64_t tokens = 1;
+  uint64_t seed = 1;
+  ScaleLayout scale_layout = ScaleLayout::kLinear;   // layout of the checkpoint handed to prepare
+  GateUpLayout gate_up = GateUpLayout::kUpGate;      // row order of the checkpoint's W13
+  float x_std = 1.0f;                                // activations ~ N(0, x_std²)
+  // Routing: ids ~ softmax-top-k over all E experts. Special patterns for edge-case tests:
+  enum class Routing { kSoftmaxTopK, kAllToOneExpert, kSomeInvalid } routing = Routing::kSoftmaxTopK;
+  int one_expert = 0;                                // kAllToOneExpert: every route goes here
+};
+
+struct Problem {
+  MoeConfig config;
+  int64_t tokens = 0;
+  std::vector<uint16_t> x;             // [T, H] bf16 bits
+  std::vector<int32_t> ids;            // [T, K]
+  std::vector<float> topk_weights;     // [T, K]
+  QuantizedCheckpoint checkpoint;      // in the spec's layouts (what a user would hand us)
+
+  std::vector<int64_t> ids64() const { return {ids.begin(), ids.end()}; }
+};
+
+Problem make_problem(const ProblemSpec& spec);
+
+// The canonical weights of a problem (canonicalize(config, checkpoint.view())).
+QuantizedCheckpoint canonical(const Problem& p);
+
+// Accuracy of `out` against the float64 reference result `ref` ([T, H]).
+struct Accuracy {
+  double rel_l2 = 0;          // ‖out − ref‖ / ‖ref‖ over everything
+  double worst_token_rel = 0; // max over tokens of the same per token (‖ref_t‖ floored at 1e-6·rms)
+  double max_abs = 0;
+  int64_t nonfinite = 0;      // elements where out is not finite but ref is
+  int64_t unwritten = 0;      // elements still holding the poison pattern
+  bool pass = false;
+  std::string summary() const;
+};
+
+// The bit pattern outputs are filled with before a run: a NaN no kernel produces.
+inline constexpr uint16_t kPoisonBF16 = 0x7FBF;
+inline constexpr uint32_t kPoisonF32 = 0x7FBFDEADu;
+
+// out: [T, H] of `dtype`. tol: bound on rel_l2 (and 4·tol on worst_token_rel).
+Accuracy compare(const std::vector<double>& ref, const void* out, OutputDType dtype, int64_t tokens, int hidden,
+                 double tol);
+
+// The documented tolerance for a config, with its reason (design.md §7):
+//   a16 / a8: products are exact and only the fp32 summation order and the bf16 output rounding
+//             differ → rel_l2 ≤ 5e-3 (bf16 rounding alone is ≈ 1.1e-3);
+//   a4:       as above, plus an FC2-input code may flip where the GPU's fp32 activation rounds h to a
+//             neighbouring bf16 → rel_l2 ≤ 1.5e-2.
+double default_tolerance(const MoeConfig& config);
+
+// Named model shapes of ../shared/bench-protocol.md.
+struct NamedShape {
+  const char* name;
+  int hidden, intermediate, experts, top_k;
+  Activation activation;
+  SwigluParams swiglu;
+};
+const std::vector<NamedShape>& named_shapes();
+const NamedShape* find_shape(const std::string& name);  // nullptr if unknown
+
+}  // namespace fp4moe::testkit
