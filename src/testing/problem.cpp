@@ -2,17 +2,158 @@
 #include "testing/problem.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "fp4moe/errors.h"
 #include "fp4moe/formats.h"
 #include "reference/reference.h"
 
 namespace fp4moe::testkit {
+
+namespace {
+
+// Run fn(i) for i in [0, n) on up to `threads` threads (0: all hardware threads).
+void parallel_for(int64_t n, int threads, const std::function<void(int64_t)>& fn) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = static_cast<int>(std::min<int64_t>(threads, n));
+  std::atomic<int64_t> next{0};
+  auto worker = [&] {
+    for (int64_t i = next++; i < n; i = next++) fn(i);
+  };
+  std::vector<std::thread> pool;
+  for (int i = 1; i < threads; ++i) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+}
+
+// An empty canonical projection of `experts` × [rows, cols], linear scales.
+QuantizedProjection empty_projection(int experts, int rows, int cols, WeightFormat format) {
+  QuantizedProjection q;
+  q.experts = experts, q.rows = rows, q.cols = cols, q.format = format, q.scale_layout = ScaleLayout::kLinear;
+  q.packed.assign(static_cast<size_t>(experts) * rows * cols / 2, 0);
+  q.scales.assign(static_cast<size_t>(experts) * rows * (cols / q.block()), 0);
+  if (format == WeightFormat::kNVFP4) q.global_scale.assign(experts, 1.0f);
+  return q;
+}
+
+// Quantise expert e's dense [rows, cols] weights into slot e of `dst`. quantize_projection treats
+// every expert independently (its NVFP4 global scale is per expert), so quantising one expert at a
+// time gives the same bytes as quantising the whole array at once.
+void quantize_expert_into(const float* w, int e, QuantizedProjection& dst) {
+  const QuantizedProjection one = quantize_projection(w, 1, dst.rows, dst.cols, dst.format, ScaleLayout::kLinear);
+  std::memcpy(dst.packed.data() + static_cast<size_t>(e) * one.packed.size(), one.packed.data(), one.packed.size());
+  std::memcpy(dst.scales.data() + static_cast<size_t>(e) * one.scales.size(), one.scales.data(), one.scales.size());
+  if (!dst.global_scale.empty()) dst.global_scale[e] = one.global_scale[0];
+}
+
+// The default: everything from the problem's one stream, in the order the tests pin; only the
+// quantisation runs in parallel (per expert, byte-identical to quantize_checkpoint).
+QuantizedCheckpoint sequential_weights(const MoeConfig& c, std::mt19937_64& rng,
+                                       std::normal_distribution<float>& normal, int threads) {
+  const int EL = c.local_count(), H = c.hidden, I = c.intermediate, N1 = c.fc1_rows();
+  std::vector<float> w13(static_cast<size_t>(EL) * N1 * H), w2(static_cast<size_t>(EL) * H * I);
+  const float s13 = 1.0f / std::sqrt(static_cast<float>(H)), s2 = 1.0f / std::sqrt(static_cast<float>(I));
+  for (auto& v : w13) v = s13 * normal(rng);
+  for (auto& v : w2) v = s2 * normal(rng);
+  QuantizedCheckpoint q;
+  if (c.has_bias) {
+    q.b13.resize(static_cast<size_t>(EL) * N1);
+    q.b2.resize(static_cast<size_t>(EL) * H);
+    for (auto& v : q.b13) v = 0.1f * normal(rng);
+    for (auto& v : q.b2) v = 0.1f * normal(rng);
+  }
+  q.w13 = empty_projection(EL, N1, H, c.format);
+  q.w2 = empty_projection(EL, H, I, c.format);
+  parallel_for(2 * static_cast<int64_t>(EL), threads, [&](int64_t task) {
+    const int e = static_cast<int>(task / 2);
+    if (task % 2 == 0) quantize_expert_into(w13.data() + static_cast<size_t>(e) * N1 * H, e, q.w13);
+    else quantize_expert_into(w2.data() + static_cast<size_t>(e) * H * I, e, q.w2);
+  });
+  return q;
+}
+
+// Which local experts the routing reaches.
+std::vector<char> touched_experts(const MoeConfig& c, const std::vector<int32_t>& ids) {
+  std::vector<char> touched(c.local_count(), 0);
+  for (int32_t id : ids) {
+    const int64_t e = static_cast<int64_t>(id) - c.local_expert_first;
+    if (e >= 0 && e < c.local_count()) touched[e] = 1;
+  }
+  return touched;
+}
+
+uint64_t splitmix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Placeholder codes and scales for an expert nobody reads: random nibbles, a constant block scale of
+// about 1/sqrt(cols) per unit code (so the values look like the real ones), no NaN or overflow.
+void placeholder_expert(int e, uint64_t seed, QuantizedProjection& dst) {
+  const size_t pb = static_cast<size_t>(dst.rows) * dst.cols / 2, sb = static_cast<size_t>(dst.rows) * (dst.cols / dst.block());
+  uint64_t s = splitmix64(seed);
+  uint8_t* packed = dst.packed.data() + static_cast<size_t>(e) * pb;
+  for (size_t i = 0; i < pb; i += 8) {
+    s = splitmix64(s);
+    std::memcpy(packed + i, &s, std::min<size_t>(8, pb - i));
+  }
+  const float unit = 1.0f / std::sqrt(static_cast<float>(dst.cols));
+  uint8_t scale;
+  if (dst.format == WeightFormat::kNVFP4) {
+    scale = fmt::e4m3_encode(64.0f);
+    dst.global_scale[e] = unit / 64.0f;
+  } else {
+    scale = static_cast<uint8_t>(127 + static_cast<int>(std::lround(std::log2(unit))));
+  }
+  std::memset(dst.scales.data() + static_cast<size_t>(e) * sb, scale, sb);
+}
+
+// kPerExpert: expert e from its own stream; generated and quantised in parallel, one expert's dense
+// copy per thread at a time.
+QuantizedCheckpoint per_expert_weights(const MoeConfig& c, const ProblemSpec& spec, const std::vector<char>& touched,
+                                       int threads) {
+  const int EL = c.local_count(), H = c.hidden, I = c.intermediate, N1 = c.fc1_rows();
+  QuantizedCheckpoint q;
+  q.w13 = empty_projection(EL, N1, H, c.format);
+  q.w2 = empty_projection(EL, H, I, c.format);
+  if (c.has_bias) {
+    q.b13.assign(static_cast<size_t>(EL) * N1, 0.0f);
+    q.b2.assign(static_cast<size_t>(EL) * H, 0.0f);
+  }
+  const float s13 = 1.0f / std::sqrt(static_cast<float>(H)), s2 = 1.0f / std::sqrt(static_cast<float>(I));
+  parallel_for(EL, threads, [&](int64_t e64) {
+    const int e = static_cast<int>(e64);
+    const uint64_t expert_seed = splitmix64(spec.seed ^ splitmix64(0xE0000000ull + static_cast<uint64_t>(e)));
+    if (spec.touched_experts_only && !touched[e]) {
+      placeholder_expert(e, expert_seed, q.w13);
+      placeholder_expert(e, expert_seed + 1, q.w2);
+      return;
+    }
+    std::mt19937_64 rng(expert_seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> w(static_cast<size_t>(std::max(N1, H)) * std::max(H, I));
+    for (size_t i = 0; i < static_cast<size_t>(N1) * H; ++i) w[i] = s13 * normal(rng);
+    quantize_expert_into(w.data(), e, q.w13);
+    for (size_t i = 0; i < static_cast<size_t>(H) * I; ++i) w[i] = s2 * normal(rng);
+    quantize_expert_into(w.data(), e, q.w2);
+    if (c.has_bias) {
+      for (int n = 0; n < N1; ++n) q.b13[static_cast<size_t>(e) * N1 + n] = 0.1f * normal(rng);
+      for (int n = 0; n < H; ++n) q.b2[static_cast<size_t>(e) * H + n] = 0.1f * normal(rng);
+    }
+  });
+  return q;
+}
+
+}  // namespace
 
 const std::vector<NamedShape>& named_shapes() {
   static const std::vector<NamedShape> shapes = {
@@ -71,20 +212,9 @@ Problem make_problem(const ProblemSpec& spec) {
     }
   }
 
-  // Weights ~ N(0, 1/fan_in) so that every stage stays O(1).
-  std::vector<float> w13(static_cast<size_t>(EL) * N1 * H), w2(static_cast<size_t>(EL) * H * I);
-  const float s13 = 1.0f / std::sqrt(static_cast<float>(H)), s2 = 1.0f / std::sqrt(static_cast<float>(I));
-  for (auto& v : w13) v = s13 * normal(rng);
-  for (auto& v : w2) v = s2 * normal(rng);
-  std::vector<float> b13, b2;
-  if (c.has_bias) {
-    b13.resize(static_cast<size_t>(EL) * N1);
-    b2.resize(static_cast<size_t>(EL) * H);
-    for (auto& v : b13) v = 0.1f * normal(rng);
-    for (auto& v : b2) v = 0.1f * normal(rng);
-  }
-  // Quantise in the canonical [up; gate] order, then permute rows into the requested layout (the
-  // per-row block scales move with their rows, so every layout holds the same values).
+  // Weights ~ N(0, 1/fan_in) so that every stage stays O(1). Quantised in the canonical [up; gate]
+  // order, then permuted into the requested layout below (the per-row block scales move with their
+  // rows, so every layout holds the same values).
   std::vector<float> fc1_scale, fc2_scale;
   if (c.needs_input_scales()) {
     // FC1 input: calibrated from this batch's amax, decode form (ModelOpt input_scale).
@@ -93,10 +223,12 @@ Problem make_problem(const ProblemSpec& spec) {
     fc1_scale.assign(EL, std::max(amax, 1e-6f) / (448.0f * 6.0f));
     fc2_scale.assign(EL, 1.0f);  // provisional, calibrated below
   }
-  QuantizedCheckpoint canon = quantize_checkpoint(c, w13.data(), w2.data(), GateUpLayout::kUpGate,
-                                                  ScaleLayout::kLinear, fc1_scale.empty() ? nullptr : fc1_scale.data(),
-                                                  fc2_scale.empty() ? nullptr : fc2_scale.data(),
-                                                  b13.empty() ? nullptr : b13.data(), b2.empty() ? nullptr : b2.data());
+  QuantizedCheckpoint canon = spec.weight_gen == ProblemSpec::WeightGen::kSequential
+                                  ? sequential_weights(c, rng, normal, spec.threads)
+                                  : per_expert_weights(c, spec, touched_experts(c, p.ids), spec.threads);
+  canon.gate_up = GateUpLayout::kUpGate;
+  canon.fc1_input_scale = std::move(fc1_scale);
+  canon.fc2_input_scale = std::move(fc2_scale);
   if (c.needs_input_scales()) {
     // FC2 input: per expert from the intermediate of (up to) the first 64 tokens; experts nobody
     // reached get the largest seen.
@@ -106,9 +238,12 @@ Problem make_problem(const ProblemSpec& spec) {
     for (int e = 0; e < EL; ++e) canon.fc2_input_scale[e] = (amax[e] > 0 ? amax[e] : top) / (448.0f * 6.0f);
   }
 
-  // Re-express in the requested checkpoint layout.
-  p.checkpoint = canon;
-  if (c.gated() && spec.gate_up != GateUpLayout::kUpGate) {
+  // Re-express in the requested checkpoint layout (moved, not copied, where nothing is permuted:
+  // a large layer is gigabytes).
+  const bool permute = c.gated() && spec.gate_up != GateUpLayout::kUpGate;
+  if (permute) p.checkpoint = canon;
+  else p.checkpoint = std::move(canon);
+  if (permute) {
     auto dest_row = [&](int n) {  // canonical row n → row in the target layout
       const bool gate = n >= I;
       const int i = gate ? n - I : n;

@@ -24,6 +24,16 @@ struct ProblemSpec {
   // Routing: ids ~ softmax-top-k over all E experts. Special patterns for edge-case tests:
   enum class Routing { kSoftmaxTopK, kAllToOneExpert, kSomeInvalid } routing = Routing::kSoftmaxTopK;
   int one_expert = 0;                                // kAllToOneExpert: every route goes here
+  // How the expert weights are drawn. kSequential: from the one stream that also draws x and the
+  // routing (the default; what the tests pin). kPerExpert: each expert from its own stream seeded by
+  // (seed, expert), generated and quantised in parallel without a dense copy of the layer — same
+  // distributions, other values; for large layers (deepseek-v3 is 11 G weights).
+  enum class WeightGen { kSequential, kPerExpert } weight_gen = WeightGen::kSequential;
+  // kPerExpert only: experts that no route of the problem reaches get placeholder weights (random
+  // codes, constant block scales, zero biases) instead of quantised normals. A correct kernel never
+  // reads them; their bytes still exist, so memory footprint and layout are those of the full layer.
+  bool touched_experts_only = false;
+  int threads = 0;                                   // quantisation threads; 0 = all hardware threads
 };
 
 struct Problem {
