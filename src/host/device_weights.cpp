@@ -1,0 +1,111 @@
+// upload_weights: repack the canonical host form into the padded device layouts, once.
+#include "host/device_weights.h"
+
+#include <cstring>
+#include <vector>
+
+#include "fp4moe/errors.h"
+#include "host/gpu_backend.h"
+
+namespace fp4moe::gpu {
+namespace {
+
+int round_up(int v, int m) { return (v + m - 1) / m * m; }
+
+// Copy one canonical projection into [E][rows_pad][k_pad/2] codes and [E][rows_pad][k_pad/bs]
+// scales. row_of(r) maps a padded row to its canonical row, or -1 for a padding row.
+void pad_projection(const QuantizedProjection& p, int rows_pad, int k_pad, const auto& row_of,
+                    std::vector<uint8_t>& codes, std::vector<uint8_t>& scales) {
+  const int bs = p.block();
+  const int64_t src_cb = p.cols / 2, dst_cb = k_pad / 2, src_sc = p.cols / bs, dst_sc = k_pad / bs;
+  codes.assign(static_cast<size_t>(p.experts) * rows_pad * dst_cb, 0);
+  scales.assign(static_cast<size_t>(p.experts) * rows_pad * dst_sc, 0);
+  for (int e = 0; e < p.experts; ++e)
+    for (int r = 0; r < rows_pad; ++r) {
+      const int s = row_of(r);
+      if (s < 0) continue;
+      const int64_t src = static_cast<int64_t>(e) * p.rows + s, dst = static_cast<int64_t>(e) * rows_pad + r;
+      std::memcpy(&codes[dst * dst_cb], &p.packed[src * src_cb], src_cb);
+      std::memcpy(&scales[dst * dst_sc], &p.scales[src * src_sc], src_sc);
+    }
+}
+
+DeviceBuffer upload(const void* host, size_t bytes, const char* what) {
+  DeviceBuffer b(bytes, what);
+  if (bytes) FP4MOE_CUDA_CHECK(cudaMemcpy(b.get(), host, bytes, cudaMemcpyHostToDevice));
+  return b;
+}
+
+}  // namespace
+
+std::shared_ptr<const DeviceWeights> upload_weights(const MoeConfig& c, const QuantizedCheckpoint& w, int device) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    count = 0;
+  }
+  FP4MOE_REQUIRE(device < count, InvalidArgument, "options.device", "CUDA device ", device, " does not exist (",
+                 count, " device(s) visible)");
+  FP4MOE_REQUIRE(w.w13.scale_layout == ScaleLayout::kLinear && w.w2.scale_layout == ScaleLayout::kLinear &&
+                     w.gate_up == GateUpLayout::kUpGate,
+                 InvalidArgument, "weights", "upload_weights takes the canonical form (canonicalize())");
+  DeviceGuard guard(device);
+  auto d = std::make_shared<DeviceWeights>();
+  d->config = c;
+  d->device = device;
+  const int EL = c.local_count(), I = c.intermediate;
+  d->h_pad = round_up(c.hidden, kPadH);
+  d->i_pad = round_up(I, kPadI);
+  d->n1_pad = c.gated() ? 2 * d->i_pad : d->i_pad;
+  const int ip = d->i_pad;
+
+  std::vector<uint8_t> codes, scales;
+  // W13: up rows [0, I) → [0, I); gate rows [I, 2I) → [i_pad, i_pad + I).
+  auto w13_row = [&](int r) -> int {
+    const int half = r / ip, i = r % ip;
+    if (i >= I) return -1;
+    return half * I + i;
+  };
+  pad_projection(w.w13, d->n1_pad, d->h_pad, w13_row, codes, scales);
+  d->w13_packed = upload(codes.data(), codes.size(), "w13.packed");
+  d->w13_scales = upload(scales.data(), scales.size(), "w13.scales");
+  pad_projection(w.w2, d->h_pad, d->i_pad, [&](int r) { return r < c.hidden ? r : -1; }, codes, scales);
+  d->w2_packed = upload(codes.data(), codes.size(), "w2.packed");
+  d->w2_scales = upload(scales.data(), scales.size(), "w2.scales");
+
+  std::vector<float> a1(EL, 1.0f), a2(EL, 1.0f), g1(EL, 1.0f), g2(EL, 1.0f);
+  for (int e = 0; e < EL; ++e) {
+    if (c.format == WeightFormat::kNVFP4) {
+      a1[e] = w.w13.global_scale[e];
+      a2[e] = w.w2.global_scale[e];
+    }
+    if (c.needs_input_scales()) {
+      g1[e] = w.fc1_input_scale[e];
+      g2[e] = w.fc2_input_scale[e];
+      a1[e] *= g1[e];
+      a2[e] *= g2[e];
+    }
+  }
+  d->alpha1 = upload(a1.data(), EL * sizeof(float), "alpha1");
+  d->alpha2 = upload(a2.data(), EL * sizeof(float), "alpha2");
+  d->fc1_input_scale = upload(g1.data(), EL * sizeof(float), "fc1_input_scale");
+  d->fc2_input_scale = upload(g2.data(), EL * sizeof(float), "fc2_input_scale");
+  if (c.has_bias) {
+    const int N1 = c.fc1_rows();
+    std::vector<float> b13(static_cast<size_t>(EL) * d->n1_pad, 0.0f), b2(static_cast<size_t>(EL) * d->h_pad, 0.0f);
+    for (int e = 0; e < EL; ++e) {
+      for (int r = 0; r < d->n1_pad; ++r) {
+        const int s = w13_row(r);
+        if (s >= 0) b13[static_cast<size_t>(e) * d->n1_pad + r] = w.b13[static_cast<size_t>(e) * N1 + s];
+      }
+      for (int h = 0; h < c.hidden; ++h) b2[static_cast<size_t>(e) * d->h_pad + h] = w.b2[static_cast<size_t>(e) * c.hidden + h];
+    }
+    d->b13 = upload(b13.data(), b13.size() * sizeof(float), "b13");
+    d->b2 = upload(b2.data(), b2.size() * sizeof(float), "b2");
+  }
+  d->bytes = d->w13_packed.bytes() + d->w13_scales.bytes() + d->w2_packed.bytes() + d->w2_scales.bytes() +
+             d->b13.bytes() + d->b2.bytes() + 4 * EL * sizeof(float);
+  return d;
+}
+
+}  // namespace fp4moe::gpu

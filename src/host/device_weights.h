@@ -1,0 +1,35 @@
+// DeviceWeights: the expert weights in the layouts the GPU kernels read. Internal.
+//
+// Layout (generic path; the decode backends add their own repacks here):
+//   packed codes  [E_local][rows_pad][k_pad / 2]      E2M1, element 2j in the low nibble
+//   block scales  [E_local][rows_pad][k_pad / block]  E4M3 or UE8M0 bytes, linear
+// with W13 rows = [up (I rows, padded to i_pad); gate (padded to i_pad)] (relu2: i_pad rows) and
+// k = H padded to h_pad; W2 rows = H padded to h_pad, k = I padded to i_pad. Padding is zero codes
+// and zero scales, so padded rows and columns contribute exactly 0.
+#pragma once
+
+#include <cstdint>
+
+#include "fp4moe/config.h"
+#include "host/cuda_check.h"
+
+namespace fp4moe::gpu {
+
+struct DeviceWeights {
+  MoeConfig config;
+  int device = 0;
+  int h_pad = 0, i_pad = 0, n1_pad = 0;  // n1_pad = 2·i_pad (gated) or i_pad
+  DeviceBuffer w13_packed, w13_scales, w2_packed, w2_scales;
+  // Per local expert: the factor applied to each GEMM's fp32 accumulator (product of the weight's
+  // global scale and, for nvfp4-a4, the input's decode scale), and the input decode scales the
+  // quantisers use.
+  DeviceBuffer alpha1, alpha2, fc1_input_scale, fc2_input_scale;  // float [E_local]
+  DeviceBuffer b13, b2;  // float [E_local][n1_pad], [E_local][h_pad] (has_bias), padded with 0
+  size_t bytes = 0;      // total device bytes
+};
+
+// Padding granularity of H and I in the device layouts (the generic GEMM's tile sizes).
+inline constexpr int kPadH = 64;
+inline constexpr int kPadI = 64;
+
+}  // namespace fp4moe::gpu

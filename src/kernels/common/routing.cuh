@@ -1,0 +1,89 @@
+// The routing pre-pass: top-k ids → routed rows grouped by local expert, and an m-tile schedule.
+//
+// One CTA of kRouteThreads threads (E_local ≤ 1024 counters live in shared memory):
+//   1. histogram of routes per local expert (ids outside [first, first + E_local) — −1, ids of other
+//      ranks, ids ≥ E — are skipped and never used to index anything);
+//   2. exclusive scans of the counts (row offsets) and of ceil(count / tile_m) (tile offsets);
+//   3. the tile list: tile i covers rows [tile_row0[i], min(tile_row0[i] + tile_m, end of expert));
+//   4. placement: each route gets a row; route_row[t·K + j] = row (−1 if not routed).
+// Row order inside an expert depends on atomics, but no result does: every row is computed
+// independently and the top-k sum reads rows through route_row in slot order.
+#pragma once
+
+#include <cub/block/block_scan.cuh>
+#include <cstdint>
+
+namespace fp4moe::kernels {
+
+inline constexpr int kRouteThreads = 1024;
+
+struct RoutingParams {
+  const void* ids;      // [T, K] int32 or int64
+  bool ids_int64;
+  int64_t routes;       // T · K
+  int first, experts;   // local range
+  int tile_m;
+  // outputs (workspace)
+  int* expert_offset;   // [experts + 1]
+  int* route_row;       // [routes]
+  int* row_route;       // [routes] route index t·K + j of each row
+  int* row_expert;      // [routes] local expert of each row
+  int* tile_expert;     // [max_tiles]
+  int* tile_row0;       // [max_tiles]
+  int* num_tiles;       // [1]
+};
+
+__device__ __forceinline__ int local_expert(const RoutingParams& p, int64_t r) {
+  const int64_t id = p.ids_int64 ? static_cast<const int64_t*>(p.ids)[r] : static_cast<const int32_t*>(p.ids)[r];
+  const int64_t e = id - p.first;
+  return (e >= 0 && e < p.experts) ? static_cast<int>(e) : -1;
+}
+
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(RoutingParams p) {
+  using Scan = cub::BlockScan<int, kRouteThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int cursor[kRouteThreads];
+  const int tid = threadIdx.x;
+
+  cursor[tid] = 0;
+  __syncthreads();
+  for (int64_t r = tid; r < p.routes; r += kRouteThreads) {
+    const int e = local_expert(p, r);
+    if (e >= 0) atomicAdd(&cursor[e], 1);
+  }
+  __syncthreads();
+
+  const int count = tid < p.experts ? cursor[tid] : 0;
+  const int tiles = (count + p.tile_m - 1) / p.tile_m;
+  int row0, tile0, total_rows, total_tiles;
+  Scan(scan_storage).ExclusiveSum(count, row0, total_rows);
+  __syncthreads();
+  Scan(scan_storage).ExclusiveSum(tiles, tile0, total_tiles);
+  if (tid < p.experts) {
+    p.expert_offset[tid] = row0;
+    for (int m = 0; m < tiles; ++m) {
+      p.tile_expert[tile0 + m] = tid;
+      p.tile_row0[tile0 + m] = row0 + m * p.tile_m;
+    }
+  }
+  if (tid == 0) {
+    p.expert_offset[p.experts] = total_rows;
+    *p.num_tiles = total_tiles;
+  }
+  __syncthreads();
+  cursor[tid] = row0;  // now the next free row of expert tid
+  __syncthreads();
+
+  for (int64_t r = tid; r < p.routes; r += kRouteThreads) {
+    const int e = local_expert(p, r);
+    int row = -1;
+    if (e >= 0) {
+      row = atomicAdd(&cursor[e], 1);
+      p.row_route[row] = static_cast<int>(r);
+      p.row_expert[row] = e;
+    }
+    p.route_row[r] = row;
+  }
+}
+
+}  // namespace fp4moe::kernels

@@ -1,0 +1,296 @@
+// The generic GPU path: correct for every format, mode, activation, bias and shape; the fast
+// decode and prefill backends replace it where speed needs it.
+//
+//   route_kernel (common/routing.cuh)   ids → rows grouped by local expert, m-tile schedule
+//   gather_quantize_kernel              x[t] → A1[row] = Q1(x[t]) with the row's expert's scale
+//   gemm_kernel<kFc1>                   A1 · W13ᵀ → alpha, bias, activation, bf16, Q2 → A2[row]
+//   gemm_kernel<kFc2>                   A2 · W2ᵀ  → alpha, bias, · router weight → Y[row] (fp32)
+//   combine_kernel                      out[t] = Σ_j Y[route_row[t, j]], slot order (deterministic)
+//
+// Quantised operands are stored as their exactly dequantised bf16 values (code × block scale); the
+// NVFP4 global scales are folded into alpha. Weights are dequantised to bf16 in shared memory
+// through a 256-entry byte → bf16x2 table and multiplied on bf16 tensor cores (mma.sync m16n8k16,
+// fp32 accumulators).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cstdint>
+
+#include "fp4moe/activation.h"
+#include "kernels/common/dequant.cuh"
+#include "kernels/common/ptx.cuh"
+#include "kernels/common/quantize.cuh"
+
+namespace fp4moe::kernels::generic {
+
+// Tile of one CTA: BM routed rows × BN weight rows, BK along K per step; 4 warps in a 2 × 2 grid,
+// 32 × 32 each.
+inline constexpr int BM = 64, BN = 64, BK = 32, kThreads = 128;
+inline constexpr int kSmemStride = BK + 8;  // bf16 per shared row: 80 B, so ldmatrix rows hit distinct banks
+
+struct GemmParams {
+  const __nv_bfloat16* a;       // [rows][k_pad] activations (A1 or A2)
+  const uint8_t* w_packed;      // [E_local][w_rows][k_pad / 2]
+  const uint8_t* w_scales;      // [E_local][w_rows][k_pad / block]
+  int w_rows, k_pad;
+  bool nvfp4;                   // weight scale type: E4M3 (true) or UE8M0
+  int block;                    // weight scale block: 16 or 32
+  const int* tile_expert;       // routing schedule
+  const int* tile_row0;
+  const int* num_tiles;
+  const int* expert_offset;
+  const float* alpha;           // [E_local]
+  const float* bias;            // [E_local][w_rows] or null
+  // FC1 epilogue
+  bool gated;
+  int i_pad;
+  Activation activation;
+  float sw_alpha, sw_beta, sw_limit;
+  QuantKind q2;                 // how the intermediate is quantised
+  const float* q2_scale;        // [E_local] NVFP4 decode scale of the FC2 input
+  __nv_bfloat16* a2;            // [rows][i_pad]
+  // FC2 epilogue
+  int hidden;
+  int top_k;
+  const int* row_route;         // [rows] t·K + j
+  const float* topk_weights;    // [T, K]
+  float* y;                     // [rows][hidden]
+};
+
+struct GemmSmem {
+  __nv_bfloat16 a[2][BM][kSmemStride];  // A tiles, double-buffered (cp.async)
+  __nv_bfloat16 b[BN][kSmemStride];     // dequantised weight tile: rows = n, contiguous k
+  float c[BM][BN + 4];                  // epilogue staging
+  E2m1x2Table lut;
+};
+
+// Weight row (within the expert) feeding virtual column v of n-tile y. For a gated FC1 the tile
+// holds 32 up rows then the 32 gate rows of the same intermediate columns, so the epilogue sees
+// both halves of its activation.
+__device__ __forceinline__ int weight_row(const GemmParams& p, bool fc1, int y, int v) {
+  if (fc1 && p.gated) return v < BN / 2 ? y * (BN / 2) + v : p.i_pad + y * (BN / 2) + (v - BN / 2);
+  return y * BN + v;
+}
+
+template <int kBlock>
+__device__ __forceinline__ void fc1_epilogue_block(const GemmParams& p, const GemmSmem& sm, int r, int col0, int e,
+                                                   __nv_bfloat16* dst) {
+  float h[kBlock];
+#pragma unroll
+  for (int i = 0; i < kBlock; ++i) {
+    const int col = col0 + i;
+    const float g = p.gated ? sm.c[r][BN / 2 + col] : sm.c[r][col];
+    const float u = p.gated ? sm.c[r][col] : 0.0f;
+    // Round to bf16 after the activation, before requantisation (reference §2.4).
+    h[i] = fmt::round_bf16(apply_activation<float>(p.activation, g, u, p.sw_alpha, p.sw_beta, p.sw_limit));
+  }
+  __nv_bfloat16 q[kBlock];
+  quant_dequant_block(p.q2, h, p.q2_scale[e], q);
+#pragma unroll
+  for (int i = 0; i < kBlock; i += 8) *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(q + i);
+}
+
+template <bool kFc1>
+__global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  GemmSmem& sm = *reinterpret_cast<GemmSmem*>(smem_raw);
+  const int tile = blockIdx.x;
+  if (tile >= *p.num_tiles) return;  // the grid is sized for the worst case
+  const int y = blockIdx.y;
+  const int e = p.tile_expert[tile];
+  const int row0 = p.tile_row0[tile];
+  const int valid = min(BM, p.expert_offset[e + 1] - row0);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  fill_e2m1x2_table(sm.lut);
+
+  // Weight loads: thread → (row v, 16-wide half of the BK slice).
+  const int bv = tid >> 1, bhalf = tid & 1;
+  const int64_t wrow = static_cast<int64_t>(e) * p.w_rows + weight_row(p, kFc1, y, bv);
+  const uint8_t* w_codes = p.w_packed + wrow * (p.k_pad / 2);
+  const uint8_t* w_scale = p.w_scales + wrow * (p.k_pad / p.block);
+  const int ktiles = p.k_pad / BK;
+
+  auto load_a = [&](int stage, int kt) {
+#pragma unroll
+    for (int c = tid; c < BM * BK / 8; c += kThreads) {
+      const int r = c >> 2, ch = c & 3;
+      const bool ok = r < valid;
+      const __nv_bfloat16* src = p.a + static_cast<int64_t>(row0 + (ok ? r : 0)) * p.k_pad + kt * BK + ch * 8;
+      ptx::cp_async_16(&sm.a[stage][r][ch * 8], src, ok ? 16 : 0);  // rows past the expert: zeros
+    }
+    ptx::cp_async_commit();
+  };
+  uint2 codes;
+  uint8_t scale;
+  auto load_b = [&](int kt) {
+    const int k = kt * BK + bhalf * 16;
+    codes = *reinterpret_cast<const uint2*>(w_codes + k / 2);
+    scale = w_scale[k / p.block];
+  };
+
+  float acc[2][4][4] = {};
+  const int wm = warp >> 1, wn = warp & 1, q = lane >> 3, l8 = lane & 7;
+  load_a(0, 0);
+  load_b(0);
+  __syncthreads();  // the table is filled
+  for (int kt = 0; kt < ktiles; ++kt) {
+    uint4 deq[2];
+    dequant16(sm.lut, codes, scale_bf16x2(scale, p.nvfp4), deq);
+    *reinterpret_cast<uint4*>(&sm.b[bv][bhalf * 16]) = deq[0];
+    *reinterpret_cast<uint4*>(&sm.b[bv][bhalf * 16 + 8]) = deq[1];
+    ptx::cp_async_wait<0>();
+    __syncthreads();
+    if (kt + 1 < ktiles) {  // next step's loads overlap this step's MMAs
+      load_a((kt + 1) & 1, kt + 1);
+      load_b(kt + 1);
+    }
+    const int st = kt & 1;
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      uint32_t a[2][4], b[4][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+        ptx::ldmatrix_x4(a[mt], &sm.a[st][wm * 32 + mt * 16 + (q & 1) * 8 + l8][kk + (q >> 1) * 8]);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t t4[4];
+        ptx::ldmatrix_x4(t4, &sm.b[wn * 32 + np * 16 + (q >> 1) * 8 + l8][kk + (q & 1) * 8]);
+        b[2 * np][0] = t4[0], b[2 * np][1] = t4[1], b[2 * np + 1][0] = t4[2], b[2 * np + 1][1] = t4[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) ptx::mma_bf16_16816(acc[mt][nt], a[mt], b[nt]);
+    }
+    __syncthreads();
+  }
+
+  // Stage alpha · acc (+ bias) in shared memory. Accumulator (mt, nt, i) sits at row
+  // lane/4 + 8·(i/2), column 2·(lane%4) + i%2 of its 16 × 8 tile.
+  const float alpha = p.alpha[e];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = wm * 32 + mt * 16 + (lane >> 2) + (i >> 1) * 8;
+        const int col = wn * 32 + nt * 8 + (lane & 3) * 2 + (i & 1);
+        const float bias = p.bias ? p.bias[static_cast<int64_t>(e) * p.w_rows + weight_row(p, kFc1, y, col)] : 0.0f;
+        sm.c[r][col] = alpha * acc[mt][nt][i] + bias;
+      }
+  __syncthreads();
+
+  if constexpr (kFc1) {
+    // activation → bf16 → Q2, one quantisation block per task.
+    const int cols = p.gated ? BN / 2 : BN;
+    const int i0 = y * cols;
+    const int qb = quant_block(p.q2);
+    const int nb = cols / qb;
+    for (int task = tid; task < BM * nb; task += kThreads) {
+      const int r = task / nb, b = task % nb;
+      if (r >= valid) continue;
+      __nv_bfloat16* dst = p.a2 + static_cast<int64_t>(row0 + r) * p.i_pad + i0 + b * qb;
+      if (qb == 16) fc1_epilogue_block<16>(p, sm, r, b * 16, e, dst);
+      else fc1_epilogue_block<32>(p, sm, r, b * 32, e, dst);
+    }
+  } else {
+    // · router weight → Y[row], float4 stores.
+    for (int task = tid; task < BM * BN / 4; task += kThreads) {
+      const int r = task / (BN / 4), c4 = (task % (BN / 4)) * 4;
+      const int col = y * BN + c4;
+      if (r >= valid || col >= p.hidden) continue;
+      const float rw = p.topk_weights[p.row_route[row0 + r]];
+      float4 v = make_float4(rw * sm.c[r][c4], rw * sm.c[r][c4 + 1], rw * sm.c[r][c4 + 2], rw * sm.c[r][c4 + 3]);
+      *reinterpret_cast<float4*>(p.y + static_cast<int64_t>(row0 + r) * p.hidden + col) = v;
+    }
+  }
+}
+
+// x[t] → A1[row]: one warp per routed row, one quantisation block per lane step.
+struct GatherParams {
+  const __nv_bfloat16* x;  // [T, H]
+  int hidden, h_pad, top_k;
+  QuantKind q1;
+  const float* q1_scale;   // [E_local]
+  const int* expert_offset;
+  int experts;
+  const int* row_route;
+  const int* row_expert;
+  __nv_bfloat16* a1;       // [rows][h_pad]
+};
+
+inline constexpr int kGatherWarps = 8;
+
+template <int kBlock>
+__device__ __forceinline__ void gather_block(const GatherParams& p, const __nv_bfloat16* xr, int b, float g,
+                                             __nv_bfloat16* dst) {
+  float v[kBlock];
+  __nv_bfloat16 q[kBlock];
+  if (b * kBlock < p.hidden) {
+#pragma unroll
+    for (int i = 0; i < kBlock; i += 8) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(xr + b * kBlock + i);
+      const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[i + j] = __bfloat162float(h[j]);
+    }
+    quant_dequant_block(p.q1, v, g, q);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kBlock; ++i) q[i] = __float2bfloat16_rn(0.0f);  // padding columns
+  }
+#pragma unroll
+  for (int i = 0; i < kBlock; i += 8)
+    *reinterpret_cast<uint4*>(dst + b * kBlock + i) = *reinterpret_cast<const uint4*>(q + i);
+}
+
+__global__ void __launch_bounds__(kGatherWarps * 32) gather_quantize_kernel(GatherParams p) {
+  const int row = blockIdx.x * kGatherWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= p.expert_offset[p.experts]) return;
+  const int t = p.row_route[row] / p.top_k;
+  const int e = p.row_expert[row];
+  const float g = p.q1_scale[e];
+  const __nv_bfloat16* xr = p.x + static_cast<int64_t>(t) * p.hidden;
+  __nv_bfloat16* dst = p.a1 + static_cast<int64_t>(row) * p.h_pad;
+  if (quant_block(p.q1) == 16) {
+    for (int b = lane; b < p.h_pad / 16; b += 32) gather_block<16>(p, xr, b, g, dst);
+  } else {
+    for (int b = lane; b < p.h_pad / 32; b += 32) gather_block<32>(p, xr, b, g, dst);
+  }
+}
+
+// out[t, c..c+3] = Σ_j Y[route_row[t·K + j], c..c+3] in slot order; unrouted slots add nothing.
+struct CombineParams {
+  const float* y;
+  const int* route_row;
+  int top_k, hidden;
+  void* out;
+  bool out_fp32;
+};
+
+inline constexpr int kCombineThreads = 128;
+
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams p) {
+  const int t = blockIdx.x;
+  const int c = (blockIdx.y * kCombineThreads + threadIdx.x) * 4;
+  if (c >= p.hidden) return;
+  float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int j = 0; j < p.top_k; ++j) {
+    const int row = p.route_row[static_cast<int64_t>(t) * p.top_k + j];
+    if (row < 0) continue;
+    const float4 v = *reinterpret_cast<const float4*>(p.y + static_cast<int64_t>(row) * p.hidden + c);
+    s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+  }
+  const int64_t o = static_cast<int64_t>(t) * p.hidden + c;
+  if (p.out_fp32) {
+    *reinterpret_cast<float4*>(static_cast<float*>(p.out) + o) = s;
+  } else {
+    __nv_bfloat162 lo = __floats2bfloat162_rn(s.x, s.y), hi = __floats2bfloat162_rn(s.z, s.w);
+    uint2 packed = make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
+    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.out) + o) = packed;
+  }
+}
+
+}  // namespace fp4moe::kernels::generic

@@ -1,0 +1,238 @@
+// Device pieces against their host twins: the quantisers byte for byte, the exact dequantisation,
+// and the software grid barrier across phases, launches and graph replays.
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "fp4moe/formats.h"
+#include "gpu/gpu_util.h"
+#include "kernels/common/dequant.cuh"
+#include "kernels/common/grid_barrier.cuh"
+#include "kernels/common/quantize.cuh"
+
+namespace fp4moe {
+namespace {
+
+using testgpu::DeviceArray;
+
+// Random block values mixing ordinary normals with the edge cases of the formats: exact ties,
+// saturating values, subnormal-scale blocks, zeros, Inf and NaN.
+std::vector<float> edge_rich_values(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> pick(0, 99), exp_pick(-40, 40);
+  const float specials[] = {0.0f, -0.0f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 448.0f, 464.0f,
+                            1e-30f, 1e-40f, INFINITY, -INFINITY, NAN};
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int k = pick(rng);
+    if (k < 3) v[i] = specials[rng() % (sizeof(specials) / sizeof(float))];
+    else if (k < 10) v[i] = std::ldexp(normal(rng), exp_pick(rng));
+    else v[i] = normal(rng);
+  }
+  // Whole blocks of tiny values (subnormal E4M3 scales) and of zeros.
+  for (size_t b = 0; b + 32 <= n; b += 32 * 97)
+    for (int i = 0; i < 32; ++i) v[b + i] = 1e-6f * normal(rng);
+  for (size_t b = 32 * 13; b + 32 <= n; b += 32 * 101)
+    for (int i = 0; i < 32; ++i) v[b + i] = 0.0f;
+  return v;
+}
+
+enum class Q { kNvfp4, kMxfp4, kMxfp8 };
+
+__global__ void quantize_blocks_kernel(Q q, const float* v, int blocks, float g, uint8_t* scales, uint8_t* codes) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= blocks) return;
+  const int n = q == Q::kNvfp4 ? 16 : 32;
+  float in[32];
+  uint8_t c[32];
+  for (int i = 0; i < n; ++i) in[i] = v[b * n + i];
+  uint8_t s = q == Q::kNvfp4 ? fmt::nvfp4_quantize_block(in, g, c)
+                             : (q == Q::kMxfp4 ? fmt::mxfp4_quantize_block(in, c) : fmt::mxfp8_quantize_block(in, c));
+  scales[b] = s;
+  for (int i = 0; i < n; ++i) codes[b * n + i] = c[i];
+}
+
+class GpuQuantizers : public ::testing::TestWithParam<Q> {};
+
+TEST_P(GpuQuantizers, ByteIdenticalToHost) {
+  REQUIRE_GPU();
+  const Q q = GetParam();
+  const int n = q == Q::kNvfp4 ? 16 : 32;
+  const int blocks = (1 << 22) / n;  // ≈ 4.2 million values
+  for (float g : {1.0f, 0.0123f, 3.7e-5f, 0.0f}) {
+    const std::vector<float> v = edge_rich_values(static_cast<size_t>(blocks) * n, 1234 + static_cast<int>(q));
+    DeviceArray<float> dv(v);
+    DeviceArray<uint8_t> ds(blocks), dc(static_cast<size_t>(blocks) * n);
+    quantize_blocks_kernel<<<(blocks + 255) / 256, 256>>>(q, dv.get(), blocks, g, ds.get(), dc.get());
+    GPU_CHECK(cudaGetLastError());
+    GPU_CHECK(cudaDeviceSynchronize());
+    const auto s = ds.download();
+    const auto c = dc.download();
+    int64_t mismatches = 0;
+    for (int b = 0; b < blocks; ++b) {
+      uint8_t hc[32];
+      const uint8_t hs = q == Q::kNvfp4 ? fmt::nvfp4_quantize_block(&v[b * n], g, hc)
+                                        : (q == Q::kMxfp4 ? fmt::mxfp4_quantize_block(&v[b * n], hc)
+                                                          : fmt::mxfp8_quantize_block(&v[b * n], hc));
+      bool same = hs == s[b];
+      for (int i = 0; i < n; ++i) same &= hc[i] == c[b * n + i];
+      if (!same && mismatches++ < 5) ADD_FAILURE() << "block " << b << " g=" << g << ": host scale " << int(hs) << " device " << int(s[b]);
+      if (q != Q::kNvfp4) break;  // g only matters for NVFP4
+    }
+    EXPECT_EQ(mismatches, 0);
+    if (q != Q::kNvfp4) break;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, GpuQuantizers, ::testing::Values(Q::kNvfp4, Q::kMxfp4, Q::kMxfp8));
+
+// The kernels' quantise-dequantise (quantize.cuh) equals the fmt:: codes decoded on the host.
+__global__ void quant_dequant_kernel(kernels::QuantKind q, const float* v, int blocks, float g, __nv_bfloat16* out) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= blocks) return;
+  if (kernels::quant_block(q) == 16) {
+    float in[16];
+    __nv_bfloat16 o[16];
+    for (int i = 0; i < 16; ++i) in[i] = v[b * 16 + i];
+    kernels::quant_dequant_block<16>(q, in, g, o);
+    for (int i = 0; i < 16; ++i) out[b * 16 + i] = o[i];
+  } else {
+    float in[32];
+    __nv_bfloat16 o[32];
+    for (int i = 0; i < 32; ++i) in[i] = v[b * 32 + i];
+    kernels::quant_dequant_block<32>(q, in, g, o);
+    for (int i = 0; i < 32; ++i) out[b * 32 + i] = o[i];
+  }
+}
+
+TEST(GpuQuantizers, DequantisedValuesAreExact) {
+  REQUIRE_GPU();
+  using kernels::QuantKind;
+  for (QuantKind q : {QuantKind::kNone, QuantKind::kNvfp4, QuantKind::kMxfp4, QuantKind::kMxfp8}) {
+    const int n = kernels::quant_block(q), blocks = 1 << 15;
+    std::vector<float> v = edge_rich_values(static_cast<size_t>(blocks) * n, 99);
+    for (auto& f : v)
+      if (!std::isfinite(f)) f = 1.0f;  // NaN/Inf blocks are covered byte-wise above
+    const float g = 0.37f;
+    DeviceArray<float> dv(v);
+    DeviceArray<__nv_bfloat16> dout(static_cast<size_t>(blocks) * n);
+    quant_dequant_kernel<<<(blocks + 127) / 128, 128>>>(q, dv.get(), blocks, g, dout.get());
+    GPU_CHECK(cudaGetLastError());
+    GPU_CHECK(cudaDeviceSynchronize());
+    const auto out = dout.download();
+    int64_t bad = 0;
+    for (int b = 0; b < blocks; ++b) {
+      uint8_t c[32];
+      for (int i = 0; i < n; ++i) {
+        double expect;
+        if (q == QuantKind::kNone) {
+          expect = fmt::round_bf16(v[b * n + i]);
+        } else if (q == QuantKind::kNvfp4) {
+          const double s = fmt::e4m3_decode(fmt::nvfp4_quantize_block(&v[b * n], g, c));
+          expect = fmt::e2m1_decode(c[i]) * s;  // global scale is folded into alpha, not applied here
+        } else if (q == QuantKind::kMxfp4) {
+          expect = fmt::e2m1_decode(c[i]) * double(fmt::ue8m0_decode(fmt::mxfp4_quantize_block(&v[b * n], c)));
+        } else {
+          expect = fmt::e4m3_decode(c[i]) * double(fmt::ue8m0_decode(fmt::mxfp8_quantize_block(&v[b * n], c)));
+        }
+        const double got = __bfloat162float(out[b * n + i]);
+        if (got != expect && !(std::fabs(expect) < 1e-38 && std::fabs(got) < 1e-38)) ++bad;
+      }
+    }
+    EXPECT_EQ(bad, 0) << "quant kind " << int(q);
+  }
+}
+
+// Every E2M1 code × every E4M3 scale through the kernels' bf16 dequantisation equals the exact product.
+__global__ void dequant_all_kernel(uint32_t* out) {
+  __shared__ kernels::E2m1x2Table t;
+  kernels::fill_e2m1x2_table(t);
+  __syncthreads();
+  const int s = blockIdx.x;  // scale byte
+  const int byte = threadIdx.x;  // 256 code pairs
+  uint2 packed = make_uint2(byte * 0x01010101u, byte * 0x01010101u);
+  uint4 o[2];
+  kernels::dequant16(t, packed, kernels::scale_bf16x2(static_cast<uint8_t>(s), true), o);
+  out[s * 256 + byte] = o[0].x;  // elements 0 (low nibble) and 1 (high nibble)
+}
+
+TEST(GpuDequant, E2m1TimesE4m3IsExactInBf16) {
+  REQUIRE_GPU();
+  DeviceArray<uint32_t> d(256 * 256);
+  dequant_all_kernel<<<256, 256>>>(d.get());
+  GPU_CHECK(cudaGetLastError());
+  GPU_CHECK(cudaDeviceSynchronize());
+  const auto h = d.download();
+  for (int s = 0; s < 256; ++s) {
+    if ((s & 0x7F) == 0x7F) continue;  // NaN scales are rejected by prepare_weights
+    for (int byte = 0; byte < 256; ++byte) {
+      const double lo = fmt::e2m1_decode(byte & 0xF) * double(fmt::e4m3_decode(s));
+      const double hi = fmt::e2m1_decode(byte >> 4) * double(fmt::e4m3_decode(s));
+      ASSERT_EQ(fmt::f32_from_bf16(h[s * 256 + byte] & 0xFFFF), lo) << "scale " << s << " byte " << byte;
+      ASSERT_EQ(fmt::f32_from_bf16(h[s * 256 + byte] >> 16), hi) << "scale " << s << " byte " << byte;
+    }
+  }
+}
+
+// Grid barrier: phase p, every CTA writes p·(blockIdx+1) into its slot, syncs, checks every other
+// CTA's slot, syncs again. Many phases per launch, several launches and graph replays on the same
+// (never re-zeroed) barrier words.
+__global__ void barrier_kernel(kernels::GridBarrier bar, int* slots, int phases, int base, int* errors) {
+  for (int p = 1; p <= phases; ++p) {
+    if (threadIdx.x == 0) slots[blockIdx.x] = (base + p) * (blockIdx.x + 1);
+    kernels::grid_sync(bar);
+    for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x)
+      if (slots[b] != (base + p) * (b + 1)) atomicAdd(errors, 1);
+    kernels::grid_sync(bar);
+  }
+}
+
+TEST(GpuGridBarrier, ReusableAcrossPhasesLaunchesAndGraphReplays) {
+  REQUIRE_GPU();
+  int sms = 0, per_sm = 0;
+  GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, barrier_kernel, 128, 0));
+  ASSERT_GT(per_sm, 0);
+  const int grid = sms * std::min(per_sm, 2);
+  DeviceArray<unsigned> state(2);
+  GPU_CHECK(cudaMemset(state.get(), 0, 2 * sizeof(unsigned)));
+  DeviceArray<int> slots(grid), errors(1);
+  GPU_CHECK(cudaMemset(errors.get(), 0, sizeof(int)));
+  kernels::GridBarrier bar{state.get(), state.get() + 1};
+  int phases = 50, base = 0;
+  int* slots_p = slots.get();
+  int* err_p = errors.get();
+  void* args[] = {&bar, &slots_p, &phases, &base, &err_p};
+  for (int launch = 0; launch < 3; ++launch) {
+    base = launch * 1000;
+    GPU_CHECK(cudaLaunchCooperativeKernel((void*)barrier_kernel, grid, 128, args, 0, nullptr));
+  }
+  GPU_CHECK(cudaDeviceSynchronize());
+  // In a graph: capture one cooperative launch, replay it 5 times.
+  cudaStream_t s;
+  GPU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  base = 7000;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  GPU_CHECK(cudaLaunchCooperativeKernel((void*)barrier_kernel, grid, 128, args, 0, s));
+  GPU_CHECK(cudaStreamEndCapture(s, &graph));
+  GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 5; ++i) GPU_CHECK(cudaGraphLaunch(exec, s));
+  GPU_CHECK(cudaStreamSynchronize(s));
+  EXPECT_EQ(errors.download()[0], 0);
+  const auto st = state.download();
+  EXPECT_EQ(st[0], 0u) << "count returns to 0";
+  EXPECT_EQ(st[1], static_cast<unsigned>((3 + 5) * 2 * phases)) << "one epoch per barrier";
+  GPU_CHECK(cudaGraphExecDestroy(exec));
+  GPU_CHECK(cudaGraphDestroy(graph));
+  GPU_CHECK(cudaStreamDestroy(s));
+}
+
+}  // namespace
+}  // namespace fp4moe

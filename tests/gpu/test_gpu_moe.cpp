@@ -1,0 +1,347 @@
+// The whole fused MoE on the GPU against the CPU reference (src/reference), on fresh random inputs,
+// with the output poisoned before every run and every element checked to have been written.
+//
+// Tolerances: testkit::default_tolerance (problem.h says why: a16/a8 5e-3, a4 1.5e-2 in relative L2,
+// 4× that per token).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "fp4moe/fp4moe.h"
+#include "gpu/gpu_util.h"
+#include "reference/reference.h"
+#include "testing/problem.h"
+
+namespace fp4moe {
+namespace {
+
+using testgpu::DeviceArray;
+using testkit::Problem;
+using testkit::ProblemSpec;
+
+MoeConfig make_config(int E, int H, int I, int K, WeightFormat f = WeightFormat::kNVFP4, ActMode m = ActMode::kA4,
+                      Activation a = Activation::kSilu, bool bias = false) {
+  MoeConfig c;
+  c.num_experts = E, c.hidden = H, c.intermediate = I, c.top_k = K;
+  c.format = f, c.mode = m, c.activation = a, c.has_bias = bias;
+  if (a == Activation::kSwigluOai) c.swiglu = {1.702f, 1.0f, 7.0f};
+  return c;
+}
+
+// Inputs of a problem on the device.
+struct DeviceInputs {
+  DeviceArray<uint16_t> x;
+  DeviceArray<int32_t> ids;
+  DeviceArray<int64_t> ids64;
+  DeviceArray<float> w;
+  explicit DeviceInputs(const Problem& p) : x(p.x), ids(p.ids), ids64(p.ids64()), w(p.topk_weights) {}
+};
+
+// The reference on a sample of tokens (all of them when T <= 128), compared against `out`; every
+// element of `out` is checked for the poison pattern.
+testkit::Accuracy check_against_reference(const Problem& p, const void* out_host, double tol) {
+  const MoeConfig& c = p.config;
+  const int64_t T = p.tokens;
+  const int H = c.hidden, K = c.top_k;
+  const size_t esz = c.output_dtype == OutputDType::kBF16 ? 2 : 4;
+  std::vector<int64_t> sample(T);
+  std::iota(sample.begin(), sample.end(), 0);
+  if (T > 128) {
+    std::mt19937_64 rng(T * 7919);
+    std::shuffle(sample.begin() + 1, sample.end() - 1, rng);
+    sample.resize(96);
+    sample.push_back(T - 1);
+  }
+  const int64_t S = static_cast<int64_t>(sample.size());
+  std::vector<uint16_t> xs(S * H);
+  std::vector<int32_t> ids(S * K);
+  std::vector<float> ws(S * K);
+  std::vector<unsigned char> outs(S * H * esz);
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t t = sample[i];
+    std::copy_n(&p.x[t * H], H, &xs[i * H]);
+    std::copy_n(&p.ids[t * K], K, &ids[i * K]);
+    std::copy_n(&p.topk_weights[t * K], K, &ws[i * K]);
+    std::memcpy(&outs[i * H * esz], static_cast<const unsigned char*>(out_host) + t * H * esz, H * esz);
+  }
+  const QuantizedCheckpoint canon = testkit::canonical(p);
+  const auto ref = reference::moe_forward_f64(c, canon, xs.data(), ids.data(), IndexType::kInt32, ws.data(), S);
+  testkit::Accuracy a = testkit::compare(ref, outs.data(), c.output_dtype, S, H, tol);
+  // Unwritten elements anywhere in the output, not only in the sample.
+  int64_t unwritten = 0;
+  for (int64_t i = 0; i < T * H; ++i) {
+    if (esz == 2) unwritten += static_cast<const uint16_t*>(out_host)[i] == testkit::kPoisonBF16;
+    else unwritten += reinterpret_cast<const uint32_t*>(out_host)[i] == testkit::kPoisonF32;
+  }
+  a.unwritten = unwritten;
+  a.pass = a.pass && unwritten == 0;
+  return a;
+}
+
+// Prepare, poison, run once on the GPU, download.
+std::vector<unsigned char> run_on_gpu(const Problem& p, RunnerOptions o = {}, IndexType it = IndexType::kInt32,
+                                      cudaStream_t stream = nullptr) {
+  const MoeConfig& c = p.config;
+  PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
+  o.max_tokens = std::max(o.max_tokens, p.tokens);
+  MoeRunner r(c, w, o);
+  DeviceInputs in(p);
+  const size_t esz = c.output_dtype == OutputDType::kBF16 ? 2 : 4;
+  DeviceArray<unsigned char> out(p.tokens * c.hidden * esz);
+  if (esz == 2) out.fill_bytes(&testkit::kPoisonBF16, 2);
+  else out.fill_bytes(&testkit::kPoisonF32, 4);
+  r.run(in.x.get(), it == IndexType::kInt32 ? static_cast<const void*>(in.ids.get()) : in.ids64.get(), it, in.w.get(),
+        out.get(), p.tokens, stream);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  return out.download();
+}
+
+void expect_matches_reference(const ProblemSpec& spec, RunnerOptions o = {}, IndexType it = IndexType::kInt32) {
+  const Problem p = testkit::make_problem(spec);
+  const auto out = run_on_gpu(p, o, it);
+  const auto acc = check_against_reference(p, out.data(), testkit::default_tolerance(spec.config));
+  EXPECT_TRUE(acc.pass) << spec.config.to_string() << " T=" << spec.tokens << ": " << acc.summary();
+}
+
+// ---- the feature matrix: format × mode × activation × bias -------------------------------------
+struct MatrixCase {
+  WeightFormat format;
+  ActMode mode;
+  Activation act;
+  bool bias;
+};
+
+class GpuMatrix : public ::testing::TestWithParam<MatrixCase> {};
+
+TEST_P(GpuMatrix, MatchesReference) {
+  REQUIRE_GPU();
+  const MatrixCase m = GetParam();
+  // I = 160: not a multiple of 64 or 128, so the intermediate is padded internally.
+  const MoeConfig c = make_config(16, 256, 160, 4, m.format, m.mode, m.act, m.bias);
+  for (int64_t T : {1, 37, 300}) expect_matches_reference({c, T, static_cast<uint64_t>(T * 31 + 5)});
+}
+
+std::vector<MatrixCase> all_matrix_cases() {
+  std::vector<MatrixCase> v;
+  for (auto f : {WeightFormat::kNVFP4, WeightFormat::kMXFP4})
+    for (auto m : {ActMode::kA4, ActMode::kA16, ActMode::kA8})
+      for (auto a : {Activation::kSilu, Activation::kGeluTanh, Activation::kSwigluOai, Activation::kRelu2})
+        for (bool b : {false, true}) v.push_back({f, m, a, b});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, GpuMatrix, ::testing::ValuesIn(all_matrix_cases()), [](const auto& info) {
+  const MatrixCase& m = info.param;
+  std::string s = std::string(to_string(m.format)) + "_" + std::string(to_string(m.mode)) + "_" +
+                  std::string(to_string(m.act)) + (m.bias ? "_bias" : "");
+  return s;
+});
+
+// ---- named edge cases -----------------------------------------------------------------------------
+TEST(GpuEdge, GptOssHidden2880WithSwigluLimitAndBias) {
+  REQUIRE_GPU();
+  MoeConfig c = make_config(8, 2880, 256, 4, WeightFormat::kMXFP4, ActMode::kA16, Activation::kSwigluOai, true);
+  ProblemSpec s{c, 19, 3};
+  s.gate_up = GateUpLayout::kInterleaved;  // gpt-oss checkpoints interleave gate/up
+  expect_matches_reference(s);
+}
+
+TEST(GpuEdge, IntermediateNotMultipleOf128) {
+  REQUIRE_GPU();
+  for (ActMode m : {ActMode::kA4, ActMode::kA8})
+    expect_matches_reference({make_config(8, 512, 704, 2, WeightFormat::kNVFP4, m), 33, 4});
+}
+
+TEST(GpuEdge, Experts512TopK10) {
+  REQUIRE_GPU();
+  expect_matches_reference({make_config(512, 256, 128, 10), 64, 5});
+}
+
+TEST(GpuEdge, SingleTokenTopK1And8And10) {
+  REQUIRE_GPU();
+  for (int K : {1, 8, 10}) expect_matches_reference({make_config(64, 512, 256, K), 1, static_cast<uint64_t>(K)});
+}
+
+TEST(GpuEdge, EveryRouteToOneExpert) {
+  REQUIRE_GPU();
+  ProblemSpec s{make_config(32, 256, 128, 4), 300, 6};
+  s.routing = ProblemSpec::Routing::kAllToOneExpert;
+  s.one_expert = 17;
+  expect_matches_reference(s);
+}
+
+TEST(GpuEdge, InvalidIdsContributeNothing) {
+  REQUIRE_GPU();
+  ProblemSpec s{make_config(16, 256, 128, 4), 40, 7};
+  s.routing = ProblemSpec::Routing::kSomeInvalid;  // −1 and ids ≥ E mixed in
+  expect_matches_reference(s);
+}
+
+TEST(GpuEdge, LocalExpertRange) {
+  REQUIRE_GPU();
+  MoeConfig c = make_config(32, 256, 128, 6);
+  c.local_expert_first = 8, c.local_expert_count = 12;  // routes to the other 20 experts add nothing
+  expect_matches_reference({c, 50, 8});
+}
+
+TEST(GpuEdge, Int64IdsAndFp32Output) {
+  REQUIRE_GPU();
+  MoeConfig c = make_config(16, 256, 128, 3, WeightFormat::kNVFP4, ActMode::kA16);
+  c.output_dtype = OutputDType::kFP32;
+  expect_matches_reference({c, 21, 9}, {}, IndexType::kInt64);
+}
+
+TEST(GpuEdge, SwizzledScalesAndGateUpOrder) {
+  REQUIRE_GPU();
+  ProblemSpec s{make_config(8, 256, 128, 2), 16, 10};
+  s.scale_layout = ScaleLayout::kSwizzled128x4;
+  s.gate_up = GateUpLayout::kGateUp;
+  expect_matches_reference(s);
+}
+
+TEST(GpuEdge, ManyTokens) {
+  REQUIRE_GPU();
+  for (int64_t T : {1000, 4096}) expect_matches_reference({make_config(128, 512, 256, 8), T, static_cast<uint64_t>(T)});
+  expect_matches_reference({make_config(64, 256, 128, 8, WeightFormat::kMXFP4, ActMode::kA8), 16384, 11});
+}
+
+TEST(GpuEdge, NanInOneTokenStaysInThatToken) {
+  REQUIRE_GPU();
+  Problem p = testkit::make_problem({make_config(8, 256, 128, 2, WeightFormat::kNVFP4, ActMode::kA4), 6, 12});
+  p.x[2 * 256 + 17] = 0x7FC0;  // NaN in token 2
+  const auto out = run_on_gpu(p);
+  const uint16_t* o = reinterpret_cast<const uint16_t*>(out.data());
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    bool any_nan = false;
+    for (int c = 0; c < 256; ++c) any_nan |= std::isnan(fmt::f32_from_bf16(o[t * 256 + c]));
+    EXPECT_EQ(any_nan, t == 2) << "token " << t;
+  }
+}
+
+// ---- the runner: graphs, streams, determinism ------------------------------------------------------
+TEST(GpuRunner, CudaGraphReplayWithNewInputs) {
+  REQUIRE_GPU();
+  const MoeConfig c = make_config(32, 512, 256, 4);
+  Problem p1 = testkit::make_problem({c, 64, 21});
+  Problem p2 = testkit::make_problem({c, 64, 22});
+  p2.checkpoint = p1.checkpoint;  // same weights, new tokens and routing
+  PreparedWeights w = prepare_weights(c, p1.checkpoint.view(), {.device = 0});
+  MoeRunner r(c, w, {.max_tokens = 64});
+  DeviceInputs in(p1);
+  DeviceArray<uint16_t> out(64 * 512);
+  cudaStream_t s;
+  GPU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), out.get(), 64, s);
+  GPU_CHECK(cudaStreamEndCapture(s, &graph));
+  GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (const Problem* p : {static_cast<const Problem*>(&p1), static_cast<const Problem*>(&p2)}) {
+    in.x.upload(p->x);
+    in.ids.upload(p->ids);
+    in.w.upload(p->topk_weights);
+    out.fill_bytes(&testkit::kPoisonBF16, 2);
+    GPU_CHECK(cudaGraphLaunch(exec, s));
+    GPU_CHECK(cudaStreamSynchronize(s));
+    const auto o = out.download();
+    const auto acc = check_against_reference(*p, o.data(), testkit::default_tolerance(c));
+    EXPECT_TRUE(acc.pass) << acc.summary();
+  }
+  GPU_CHECK(cudaGraphExecDestroy(exec));
+  GPU_CHECK(cudaGraphDestroy(graph));
+  GPU_CHECK(cudaStreamDestroy(s));
+}
+
+TEST(GpuRunner, TwoRunnersOnTwoStreamsAtOnce) {
+  REQUIRE_GPU();
+  const MoeConfig c = make_config(32, 512, 256, 4);
+  const Problem pa = testkit::make_problem({c, 200, 31});
+  const Problem pb = testkit::make_problem({c, 150, 32});
+  PreparedWeights wa = prepare_weights(c, pa.checkpoint.view(), {.device = 0});
+  PreparedWeights wb = prepare_weights(c, pb.checkpoint.view(), {.device = 0});
+  MoeRunner ra(c, wa, {.max_tokens = 200}), rb(c, wb, {.max_tokens = 200});
+  DeviceInputs ia(pa), ib(pb);
+  DeviceArray<uint16_t> oa(200 * 512), ob(150 * 512);
+  oa.fill_bytes(&testkit::kPoisonBF16, 2);
+  ob.fill_bytes(&testkit::kPoisonBF16, 2);
+  cudaStream_t sa, sb;
+  GPU_CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
+  GPU_CHECK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking));
+  for (int i = 0; i < 5; ++i) {  // interleave several launches on both streams
+    ra.run(ia.x.get(), ia.ids.get(), IndexType::kInt32, ia.w.get(), oa.get(), 200, sa);
+    rb.run(ib.x.get(), ib.ids.get(), IndexType::kInt32, ib.w.get(), ob.get(), 150, sb);
+  }
+  GPU_CHECK(cudaStreamSynchronize(sa));
+  GPU_CHECK(cudaStreamSynchronize(sb));
+  const auto a = oa.download(), b = ob.download();
+  EXPECT_TRUE(check_against_reference(pa, a.data(), testkit::default_tolerance(c)).pass);
+  EXPECT_TRUE(check_against_reference(pb, b.data(), testkit::default_tolerance(c)).pass);
+  GPU_CHECK(cudaStreamDestroy(sa));
+  GPU_CHECK(cudaStreamDestroy(sb));
+}
+
+TEST(GpuRunner, DeterministicAcross20Runs) {
+  REQUIRE_GPU();
+  const MoeConfig c = make_config(64, 512, 256, 8);
+  const Problem p = testkit::make_problem({c, 333, 41});
+  PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
+  MoeRunner r(c, w, {.max_tokens = 333, .deterministic = true});
+  DeviceInputs in(p);
+  DeviceArray<uint16_t> out(333 * 512);
+  std::vector<uint16_t> first;
+  for (int i = 0; i < 20; ++i) {
+    out.fill_bytes(&testkit::kPoisonBF16, 2);
+    r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), out.get(), 333);
+    GPU_CHECK(cudaDeviceSynchronize());
+    const auto o = out.download();
+    if (i == 0) {
+      first = o;
+      EXPECT_TRUE(check_against_reference(p, o.data(), testkit::default_tolerance(c)).pass);
+    } else {
+      ASSERT_EQ(0, std::memcmp(o.data(), first.data(), o.size() * 2)) << "run " << i << " differs from run 0";
+    }
+  }
+}
+
+TEST(GpuRunner, SmallCallAfterLargeCall) {
+  REQUIRE_GPU();
+  const MoeConfig c = make_config(16, 256, 128, 2);
+  const Problem big = testkit::make_problem({c, 2048, 51});
+  Problem small = testkit::make_problem({c, 3, 52});
+  small.checkpoint = big.checkpoint;
+  PreparedWeights w = prepare_weights(c, big.checkpoint.view(), {.device = 0});
+  MoeRunner r(c, w, {.max_tokens = 2048});
+  for (const Problem* p : {static_cast<const Problem*>(&big), static_cast<const Problem*>(&small)}) {
+    DeviceInputs in(*p);
+    DeviceArray<uint16_t> out(p->tokens * 256);
+    out.fill_bytes(&testkit::kPoisonBF16, 2);
+    r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), out.get(), p->tokens);
+    GPU_CHECK(cudaDeviceSynchronize());
+    const auto o = out.download();
+    const auto acc = check_against_reference(*p, o.data(), testkit::default_tolerance(c));
+    EXPECT_TRUE(acc.pass) << "T=" << p->tokens << " " << acc.summary();
+  }
+}
+
+TEST(GpuRunner, ErrorsAreTypedOnTheGpuToo) {
+  REQUIRE_GPU();
+  const MoeConfig c = make_config(8, 256, 128, 2);
+  const Problem p = testkit::make_problem({c, 4, 61});
+  PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
+  MoeRunner r(c, w, {.max_tokens = 4});
+  DeviceInputs in(p);
+  DeviceArray<uint16_t> out(8 * 256);
+  EXPECT_THROW(r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), out.get(), 5), CapacityError);
+  EXPECT_THROW(MoeRunner(c, w, {.backend = Backend::kReference}), Unsupported);
+  EXPECT_THROW(prepare_weights(c, p.checkpoint.view(), {.device = 4096}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace fp4moe
