@@ -23,7 +23,8 @@ summary=()
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,memory.total --format=csv,noheader | tee "$OUTDIR/gpu.txt"
 cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUTDIR/configure.log" 2>&1 \
-  && cmake --build build-device -j16 > "$OUTDIR/build.log" 2>&1
+  && cmake --build build-device -j16 --target fp4moe_tests fp4moe_gpu_tests \
+       $([ -n "$CHECK_ARGS$BENCH_ARGS" ] && echo fp4moe_cli) > "$OUTDIR/build.log" 2>&1
 rc=$?; summary+=("build|rc=$rc|$(( $(date +%s) - t0 ))s")
 if [ $rc -ne 0 ]; then tail -40 "$OUTDIR/build.log"; printf '%s\n' "${summary[@]}"; exit 1; fi
 
