@@ -202,6 +202,7 @@ FP4MOE_HD uint8_t mx_scale_byte(float amax, float elem_max) {
   if (is_nan(amax)) return kUE8M0NaN;
   if (!(amax > 0.0f)) return 0;
   const float t = div_rn(amax, elem_max);
+  if (!(t > 0.0f)) return 0;    // amax / elem_max underflowed fp32 (tiny subnormal amax)
   if (t > 3.0e38f) return 254;  // Inf (or past 2^127)
   int e = ceil_log2(t) + 127;
   return static_cast<uint8_t>(e < 0 ? 0 : (e > 254 ? 254 : e));
