@@ -228,8 +228,8 @@ QuantizedCheckpoint canonicalize(const MoeConfig& config, const CheckpointView& 
       for (int n = 0; n < N1; ++n) c.b13[static_cast<size_t>(e) * N1 + n] = ck.b13[static_cast<size_t>(e) * N1 + source_row(gu, n, I)];
     c.b2.assign(ck.b2, ck.b2 + static_cast<size_t>(EL) * H);
   } else {
-    FP4MOE_REQUIRE(ck.b13 == nullptr && ck.b2 == nullptr, InvalidArgument, "b13",
-                   "biases were given but the config has has_bias = false");
+    FP4MOE_REQUIRE(ck.b13 == nullptr, InvalidArgument, "b13", "was given but the config has has_bias = false");
+    FP4MOE_REQUIRE(ck.b2 == nullptr, InvalidArgument, "b2", "was given but the config has has_bias = false");
   }
   return c;
 }
