@@ -1,0 +1,103 @@
+// Points, problems, byte and flop counts. See points.h.
+#include "points.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+
+namespace fp4moe::cli {
+
+MoeConfig Point::config() const {
+  MoeConfig c;
+  c.num_experts = shape.experts;
+  c.hidden = shape.hidden;
+  c.intermediate = shape.intermediate;
+  c.top_k = shape.top_k;
+  c.activation = shape.activation;
+  c.swiglu = shape.swiglu;
+  c.format = format;
+  c.mode = mode;
+  c.has_bias = bias;
+  return c;
+}
+
+std::vector<Point> expand_points(const Args& args, const std::vector<int64_t>& tokens) {
+  std::vector<Point> points;
+  for (const Shape& s : args.shapes)
+    for (WeightFormat f : args.formats)
+      for (ActMode m : args.modes)
+        for (int64_t t : tokens) points.push_back({s, f, m, args.bias, t});
+  return points;
+}
+
+testkit::Problem build_problem(const Point& point, int64_t tokens, uint64_t seed, int threads) {
+  testkit::ProblemSpec spec;
+  spec.config = point.config();
+  spec.tokens = tokens;
+  spec.seed = seed;
+  spec.weight_gen = testkit::ProblemSpec::WeightGen::kPerExpert;
+  spec.touched_experts_only = true;
+  spec.threads = threads;
+  return testkit::make_problem(spec);
+}
+
+Traffic traffic(const MoeConfig& c, const int32_t* ids, int64_t tokens) {
+  std::vector<char> touched(c.num_experts, 0);
+  for (int64_t i = 0; i < tokens * c.top_k; ++i)
+    if (ids[i] >= c.local_expert_first && ids[i] < c.local_expert_first + c.local_count()) touched[ids[i]] = 1;
+  const double H = c.hidden, I = c.intermediate, N1 = c.fc1_rows(), blk = c.weight_block();
+  double per_expert = (N1 * H + H * I) / 2      // packed E2M1
+                      + (N1 * H + H * I) / blk;  // one scale byte per block
+  if (c.format == WeightFormat::kNVFP4) per_expert += 2 * 4;  // fp32 global scale per projection
+  if (c.needs_input_scales()) per_expert += 2 * 4;           // fc1/fc2 input scales
+  if (c.has_bias) per_expert += (N1 + H) * 4;                // fp32 biases
+  Traffic t;
+  t.touched_experts = static_cast<int>(std::count(touched.begin(), touched.end(), 1));
+  t.bytes = t.touched_experts * per_expert + 2.0 * tokens * H * 2;  // + x in, out (bf16)
+  return t;
+}
+
+double flops(const MoeConfig& c, int64_t tokens) {
+  return 2.0 * tokens * c.top_k * (double(c.hidden) * c.fc1_rows() + double(c.intermediate) * c.hidden);
+}
+
+std::vector<int64_t> sample_rows(int64_t tokens, uint64_t seed) {
+  std::vector<int64_t> rows(tokens);
+  std::iota(rows.begin(), rows.end(), 0);
+  if (tokens <= 64) return rows;
+  // 64 distinct rows out of the middle [1, T-1) by a partial Fisher–Yates shuffle.
+  std::mt19937_64 rng(seed ^ 0x5A3B1E5ull ^ static_cast<uint64_t>(tokens));
+  std::vector<int64_t> middle(rows.begin() + 1, rows.end() - 1);
+  const size_t pick = std::min<size_t>(64, middle.size());
+  for (size_t i = 0; i < pick; ++i) {
+    std::uniform_int_distribution<size_t> d(i, middle.size() - 1);
+    std::swap(middle[i], middle[d(rng)]);
+  }
+  std::vector<int64_t> out(middle.begin(), middle.begin() + pick);
+  out.push_back(0);
+  out.push_back(tokens - 1);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string format_fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+std::string format_sci(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*e", digits, v);
+  return buf;
+}
+
+}  // namespace fp4moe::cli
