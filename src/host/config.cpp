@@ -86,6 +86,16 @@ Backend parse_backend(std::string_view s, const char* argument) {
 }
 
 void MoeConfig::validate() const {
+  // Enums arrive from casts and bindings too: an out-of-range value is an error, not a default.
+  FP4MOE_REQUIRE(format == WeightFormat::kNVFP4 || format == WeightFormat::kMXFP4, InvalidArgument, "format",
+                 "unknown WeightFormat value ", static_cast<int>(format));
+  FP4MOE_REQUIRE(mode == ActMode::kA4 || mode == ActMode::kA16 || mode == ActMode::kA8, InvalidArgument, "mode",
+                 "unknown ActMode value ", static_cast<int>(mode));
+  FP4MOE_REQUIRE(activation == Activation::kSilu || activation == Activation::kGeluTanh ||
+                     activation == Activation::kSwigluOai || activation == Activation::kRelu2,
+                 InvalidArgument, "activation", "unknown Activation value ", static_cast<int>(activation));
+  FP4MOE_REQUIRE(output_dtype == OutputDType::kBF16 || output_dtype == OutputDType::kFP32, InvalidArgument,
+                 "output_dtype", "unknown OutputDType value ", static_cast<int>(output_dtype));
   FP4MOE_REQUIRE(num_experts >= 1 && num_experts <= kMaxExperts, InvalidArgument, "num_experts",
                  "must be in [1, ", kMaxExperts, "], got ", num_experts);
   FP4MOE_REQUIRE(top_k >= 1 && top_k <= kMaxTopK, InvalidArgument, "top_k", "must be in [1, ", kMaxTopK,
@@ -98,8 +108,8 @@ void MoeConfig::validate() const {
                  num_experts, ") (or -1 for all experts)");
   FP4MOE_REQUIRE(local_expert_count != -1 || local_expert_first == 0, InvalidArgument, "local_expert_count",
                  "-1 (all experts) needs local_expert_first = 0, got ", local_expert_first);
-  FP4MOE_REQUIRE(hidden >= 1 && intermediate >= 1, InvalidArgument, "hidden", "hidden and intermediate must be "
-                 "positive, got hidden=", hidden, " intermediate=", intermediate);
+  FP4MOE_REQUIRE(hidden >= 1, InvalidArgument, "hidden", "must be positive, got ", hidden);
+  FP4MOE_REQUIRE(intermediate >= 1, InvalidArgument, "intermediate", "must be positive, got ", intermediate);
   // Every quantised operand is cut into blocks along K: H for W13 and x, I for W2 and the
   // intermediate. The activation blocks of a8 are 32 wide whatever the weight format.
   const int block = std::max(weight_block(), act_block());
@@ -107,8 +117,8 @@ void MoeConfig::validate() const {
                  " (", fp4moe::to_string(format), ", ", fp4moe::to_string(mode), "), got ", hidden);
   FP4MOE_REQUIRE(intermediate % block == 0, InvalidArgument, "intermediate", "must be a multiple of the block size ",
                  block, " (", fp4moe::to_string(format), ", ", fp4moe::to_string(mode), "), got ", intermediate);
-  FP4MOE_REQUIRE(hidden <= 65536 && intermediate <= 65536, Unsupported, "hidden",
-                 "hidden and intermediate up to 65536 are supported, got hidden=", hidden, " intermediate=", intermediate);
+  FP4MOE_REQUIRE(hidden <= 65536, Unsupported, "hidden", "up to 65536 is supported, got ", hidden);
+  FP4MOE_REQUIRE(intermediate <= 65536, Unsupported, "intermediate", "up to 65536 is supported, got ", intermediate);
   if (activation == Activation::kSwigluOai) {
     FP4MOE_REQUIRE(std::isfinite(swiglu.alpha) && std::isfinite(swiglu.beta), InvalidArgument, "swiglu",
                    "alpha and beta must be finite, got alpha=", swiglu.alpha, " beta=", swiglu.beta);
