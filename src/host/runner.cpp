@@ -15,12 +15,13 @@ namespace {
 // Kernels index with 32-bit offsets (reference §4.5): refuse any buffer past 2^31 - 1 elements
 // before the first launch. The largest are the per-route activations and results.
 void check_capacity(const MoeConfig& c, int64_t max_tokens) {
-  const int64_t routes = max_tokens * c.top_k;
+  // Compared by division: max_tokens · top_k · widest would overflow int64 for a huge max_tokens.
   const int64_t widest = std::max<int64_t>({c.hidden, c.fc1_rows(), c.intermediate});
-  const int64_t elems = std::max(routes * widest, max_tokens * c.hidden);
-  FP4MOE_REQUIRE(elems <= INT32_MAX, CapacityError, "max_tokens", "max_tokens=", max_tokens, " needs a workspace of ",
-                 elems, " elements (", routes, " routed rows × ", widest, "), past the 2^31 - 1 limit of 32-bit "
-                 "indexing; lower max_tokens to at most ", INT32_MAX / std::max<int64_t>(widest * c.top_k, c.hidden));
+  const int64_t per_token = std::max<int64_t>(widest * c.top_k, c.hidden);
+  const int64_t limit = INT32_MAX / per_token;
+  FP4MOE_REQUIRE(max_tokens <= limit, CapacityError, "max_tokens", "max_tokens=", max_tokens, " needs a workspace of ",
+                 max_tokens, " × ", per_token, " elements (", c.top_k, " routed rows per token × ", widest,
+                 "), past the 2^31 - 1 limit of 32-bit indexing; lower max_tokens to at most ", limit);
 }
 
 // The fields that shape the prepared weights must agree with the runner's config.
