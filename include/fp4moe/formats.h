@@ -21,7 +21,9 @@
 //   * ±Inf saturates ("satfinite"): the block scale is the largest the rule allows and the element
 //     becomes the largest code of its sign.
 //   * NVFP4 with g == 0 (or g·sf underflowing to 0): the block quantises to zero (scale 0, codes 0).
-//   * A block of zeros: scale 0 for NVFP4, 2^-127 (byte 0) for MX formats; codes 0.
+//   * A block of zeros: scale 0 for NVFP4, 2^-127 (byte 0) for MX formats; codes 0. (A -0 element
+//     of an MX block keeps its sign, code 0x8 / E4M3 0x80, by the next rule; NVFP4's zero scale
+//     zeroes every code.)
 //   * The sign of zero is kept in E2M1 codes (-0.1 → 0x8), as hardware conversions do.
 #pragma once
 
