@@ -596,6 +596,23 @@ TEST(Mxfp4Block, AllZeroTinyNaNInf) {
   EXPECT_EQ(codes[3], 0xC);  // -3e38 · 2^-127 = -1.763, past the midpoint 1.75 → -2
 }
 
+// Zero blocks made of -0.0: MX codes keep the sign of zero (they still decode to zero); NVFP4's zero
+// block scale zeroes every code (formats.h, "A block of zeros").
+TEST(BlockQuantisers, NegativeZeroBlocks) {
+  float v[32];
+  std::fill(v, v + 32, -0.0f);
+  uint8_t codes[32];
+  EXPECT_EQ(nvfp4_quantize_block(v, 1.0f, codes), 0x00);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(codes[i], 0);
+  EXPECT_EQ(mxfp4_quantize_block(v, codes), 0);
+  for (int i = 0; i < 32; ++i) {
+    EXPECT_EQ(codes[i], 8);
+    EXPECT_EQ(e2m1_decode(codes[i]) * ue8m0_decode(0), 0.0f);
+  }
+  EXPECT_EQ(mxfp8_quantize_block(v, codes), 0);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(codes[i], 0x80);
+}
+
 TEST(Mxfp8Block, HandVector) {
   // amax 448 → 448/448 = 2^0 → byte 127. 448 → 0x7E; 1 → 0x38; -0.5 → 0xB0 (1.0110.000);
   // 3·2^-9 → 0x03 (subnormal); 240 → 0x77 (2^7·1.875); 0.3 → 0.3125 → 0x2A? see below.
