@@ -136,9 +136,11 @@ TEST(GpuQuantizers, DequantisedValuesAreExact) {
           const double s = fmt::e4m3_decode(fmt::nvfp4_quantize_block(&v[b * n], g, c));
           expect = fmt::e2m1_decode(c[i]) * s;  // global scale is folded into alpha, not applied here
         } else if (q == QuantKind::kMxfp4) {
-          expect = fmt::e2m1_decode(c[i]) * double(fmt::ue8m0_decode(fmt::mxfp4_quantize_block(&v[b * n], c)));
+          const double s = fmt::ue8m0_decode(fmt::mxfp4_quantize_block(&v[b * n], c));  // fills c first
+          expect = fmt::e2m1_decode(c[i]) * s;
         } else {
-          expect = fmt::e4m3_decode(c[i]) * double(fmt::ue8m0_decode(fmt::mxfp8_quantize_block(&v[b * n], c)));
+          const double s = fmt::ue8m0_decode(fmt::mxfp8_quantize_block(&v[b * n], c));  // fills c first
+          expect = fmt::e4m3_decode(c[i]) * s;
         }
         const double got = __bfloat162float(out[b * n + i]);
         if (got != expect && !(std::fabs(expect) < 1e-38 && std::fabs(got) < 1e-38)) ++bad;
