@@ -29,7 +29,10 @@ std::string json_string(const std::string& s) {
 std::string json_number(double v) {
   if (!std::isfinite(v)) return "null";
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
+  if (v == std::floor(v) && std::fabs(v) < 9007199254740992.0)  // integers (bytes, seed) in full
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  else
+    std::snprintf(buf, sizeof buf, "%.6g", v);
   return buf;
 }
 
