@@ -87,14 +87,51 @@ void quant_dequant(const MoeConfig& config, const float* v, int n, float g, doub
   }
 }
 
+namespace {
+
+// Decode tables, filled from the fmt:: decoders (so the values are exactly theirs): a packed byte →
+// its two E2M1 values (low nibble first), and a block-scale byte → its E4M3 / UE8M0 value.
+struct DecodeTables {
+  double e2m1_pair[256][2];
+  float e4m3[256], ue8m0[256];
+  DecodeTables() {
+    for (int b = 0; b < 256; ++b) {
+      e2m1_pair[b][0] = fmt::e2m1_decode(static_cast<uint8_t>(b & 0xF));
+      e2m1_pair[b][1] = fmt::e2m1_decode(static_cast<uint8_t>(b >> 4));
+      e4m3[b] = fmt::e4m3_decode(static_cast<uint8_t>(b));
+      ue8m0[b] = fmt::ue8m0_decode(static_cast<uint8_t>(b));
+    }
+  }
+};
+const DecodeTables& tables() {
+  static const DecodeTables t;
+  return t;
+}
+
+}  // namespace
+
+// out[i] = e2m1(code_i) · (scale · g) in double, one table look-up per packed byte.
 void dequant_row(const QuantizedProjection& p, int e, int r, double* out) {
+  const DecodeTables& tab = tables();
   const int bs = p.block();
+  const int64_t sc = p.cols / bs;
   const uint8_t* row = p.packed.data() + (static_cast<int64_t>(e) * p.rows + r) * (p.cols / 2);
   const double g = p.format == WeightFormat::kNVFP4 ? p.global_scale[e] : 1.0;
-  for (int kb = 0; kb < p.cols / bs; ++kb) {
-    const uint8_t sb = p.scale_at(e, r, kb);
-    const double s = (p.format == WeightFormat::kNVFP4 ? fmt::e4m3_decode(sb) : fmt::ue8m0_decode(sb)) * g;
-    for (int i = kb * bs; i < (kb + 1) * bs; ++i) out[i] = fmt::e2m1_decode(fmt::unpack_e2m1(row, i)) * s;
+  const float* scale_value = p.format == WeightFormat::kNVFP4 ? tab.e4m3 : tab.ue8m0;
+  // Linear scales (the canonical form): the row's bytes are contiguous.
+  const uint8_t* srow = p.scale_layout == ScaleLayout::kLinear
+                            ? p.scales.data() + (static_cast<int64_t>(e) * p.rows + r) * sc
+                            : nullptr;
+  for (int64_t kb = 0; kb < sc; ++kb) {
+    const uint8_t sb = srow ? srow[kb] : p.scale_at(e, r, static_cast<int>(kb));
+    const double s = static_cast<double>(scale_value[sb]) * g;
+    const uint8_t* bytes = row + kb * bs / 2;
+    double* o = out + kb * bs;
+    for (int j = 0; j < bs / 2; ++j) {
+      const double* v = tab.e2m1_pair[bytes[j]];
+      o[2 * j] = v[0] * s;
+      o[2 * j + 1] = v[1] * s;
+    }
   }
 }
 
