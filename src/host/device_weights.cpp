@@ -30,6 +30,33 @@ void pad_projection(const QuantizedProjection& p, int rows_pad, int k_pad, const
     }
 }
 
+// [E][rows][k/2] codes + [E][rows][k/bs] scales (rows % 16 == 0, k % 64 == 0) → fragment order.
+void to_fragment_order(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales, int experts, int rows,
+                       int k, int bs, std::vector<uint8_t>& fcodes, std::vector<uint8_t>& fscales) {
+  const int RT = rows / 16, KT = k / 64, sb = 64 / bs;
+  fcodes.assign(codes.size(), 0);
+  fscales.assign(scales.size(), 0);
+  for (int e = 0; e < experts; ++e)
+    for (int rt = 0; rt < RT; ++rt)
+      for (int kt = 0; kt < KT; ++kt) {
+        const int64_t tile = (static_cast<int64_t>(e) * RT + rt) * KT + kt;
+        uint8_t* dst = &fcodes[tile * 512];
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, c = lane % 4;
+          for (int t = 0; t < 4; ++t)
+            for (int b = 0; b < 4; ++b) {
+              const int row = rt * 16 + g + (b & 1) * 8;
+              const int kk = kt * 64 + 16 * t + (b >> 1) * 8 + 2 * c;  // even: the byte holds kk, kk+1
+              dst[lane * 16 + t * 4 + b] = codes[(static_cast<int64_t>(e) * rows + row) * (k / 2) + kk / 2];
+            }
+        }
+        for (int r = 0; r < 16; ++r)
+          for (int j = 0; j < sb; ++j)
+            fscales[tile * 16 * sb + r * sb + j] =
+                scales[(static_cast<int64_t>(e) * rows + rt * 16 + r) * (k / bs) + kt * sb + j];
+      }
+}
+
 DeviceBuffer upload(const void* host, size_t bytes, const char* what) {
   DeviceBuffer b(bytes, what);
   if (bytes) FP4MOE_CUDA_CHECK(cudaMemcpy(b.get(), host, bytes, cudaMemcpyHostToDevice));
@@ -66,12 +93,20 @@ std::shared_ptr<const DeviceWeights> upload_weights(const MoeConfig& c, const Qu
     if (i >= I) return -1;
     return half * I + i;
   };
+  std::vector<uint8_t> fcodes, fscales;
+  const int bs = w.w13.block();
   pad_projection(w.w13, d->n1_pad, d->h_pad, w13_row, codes, scales);
   d->w13_packed = upload(codes.data(), codes.size(), "w13.packed");
   d->w13_scales = upload(scales.data(), scales.size(), "w13.scales");
+  to_fragment_order(codes, scales, EL, d->n1_pad, d->h_pad, bs, fcodes, fscales);
+  d->w13_frag = upload(fcodes.data(), fcodes.size(), "w13.frag");
+  d->w13_frag_scales = upload(fscales.data(), fscales.size(), "w13.frag_scales");
   pad_projection(w.w2, d->h_pad, d->i_pad, [&](int r) { return r < c.hidden ? r : -1; }, codes, scales);
   d->w2_packed = upload(codes.data(), codes.size(), "w2.packed");
   d->w2_scales = upload(scales.data(), scales.size(), "w2.scales");
+  to_fragment_order(codes, scales, EL, d->h_pad, d->i_pad, bs, fcodes, fscales);
+  d->w2_frag = upload(fcodes.data(), fcodes.size(), "w2.frag");
+  d->w2_frag_scales = upload(fscales.data(), fscales.size(), "w2.frag_scales");
 
   std::vector<float> a1(EL, 1.0f), a2(EL, 1.0f), g1(EL, 1.0f), g2(EL, 1.0f);
   for (int e = 0; e < EL; ++e) {
@@ -104,6 +139,7 @@ std::shared_ptr<const DeviceWeights> upload_weights(const MoeConfig& c, const Qu
     d->b2 = upload(b2.data(), b2.size() * sizeof(float), "b2");
   }
   d->bytes = d->w13_packed.bytes() + d->w13_scales.bytes() + d->w2_packed.bytes() + d->w2_scales.bytes() +
+             d->w13_frag.bytes() + d->w13_frag_scales.bytes() + d->w2_frag.bytes() + d->w2_frag_scales.bytes() +
              d->b13.bytes() + d->b2.bytes() + 4 * EL * sizeof(float);
   return d;
 }

@@ -25,6 +25,14 @@ struct DeviceWeights {
   // quantisers use.
   DeviceBuffer alpha1, alpha2, fc1_input_scale, fc2_input_scale;  // float [E_local]
   DeviceBuffer b13, b2;  // float [E_local][n1_pad], [E_local][h_pad] (has_bias), padded with 0
+  // The same weights in mma-fragment order for the decode kernels (direct_micro.cuh): tiles of
+  // 16 rows × 64 k, 512 bytes each, tile (e, rt, kt) at ((e·RT + rt)·KT + kt)·512, lane l's 16 bytes
+  // at l·16; 32-bit word t of a lane holds the A operand of k16 step t of m16n8k16:
+  //   byte 0: row g,   k = 16t + 2c, +1      byte 2: row g,   k = 16t + 8 + 2c, +1
+  //   byte 1: row g+8, k = 16t + 2c, +1      byte 3: row g+8, k = 16t + 8 + 2c, +1
+  // (g = l / 4, c = l % 4; low nibble = the lower k, as in the checkpoint). Block scales per tile:
+  // [16 rows][64 / block] bytes at tile · (16·64 / block).
+  DeviceBuffer w13_frag, w13_frag_scales, w2_frag, w2_frag_scales;
   size_t bytes = 0;      // total device bytes
 };
 

@@ -102,11 +102,18 @@ std::vector<unsigned char> run_on_gpu(const Problem& p, RunnerOptions o = {}, In
   return out.download();
 }
 
+// Runs the problem on every GPU backend that can take it (and on kAuto), each against the reference.
 void expect_matches_reference(const ProblemSpec& spec, RunnerOptions o = {}, IndexType it = IndexType::kInt32) {
   const Problem p = testkit::make_problem(spec);
-  const auto out = run_on_gpu(p, o, it);
-  const auto acc = check_against_reference(p, out.data(), testkit::default_tolerance(spec.config));
-  EXPECT_TRUE(acc.pass) << spec.config.to_string() << " T=" << spec.tokens << ": " << acc.summary();
+  for (Backend b : {Backend::kAuto, Backend::kGeneric, Backend::kDirectMicro}) {
+    if (b == Backend::kDirectMicro && spec.tokens * spec.config.top_k > 512) continue;  // past its capacity
+    RunnerOptions ob = o;
+    ob.backend = b;
+    const auto out = run_on_gpu(p, ob, it);
+    const auto acc = check_against_reference(p, out.data(), testkit::default_tolerance(spec.config));
+    EXPECT_TRUE(acc.pass) << spec.config.to_string() << " T=" << spec.tokens << " backend " << to_string(b) << ": "
+                          << acc.summary();
+  }
 }
 
 // ---- the feature matrix: format × mode × activation × bias -------------------------------------
@@ -124,7 +131,7 @@ TEST_P(GpuMatrix, MatchesReference) {
   const MatrixCase m = GetParam();
   // I = 160: not a multiple of 64 or 128, so the intermediate is padded internally.
   const MoeConfig c = make_config(16, 256, 160, 4, m.format, m.mode, m.act, m.bias);
-  for (int64_t T : {1, 37, 300}) expect_matches_reference({c, T, static_cast<uint64_t>(T * 31 + 5)});
+  for (int64_t T : {1, 37, 128, 300}) expect_matches_reference({c, T, static_cast<uint64_t>(T * 31 + 5)});
 }
 
 std::vector<MatrixCase> all_matrix_cases() {
@@ -308,6 +315,56 @@ TEST(GpuRunner, DeterministicAcross20Runs) {
       ASSERT_EQ(0, std::memcmp(o.data(), first.data(), o.size() * 2)) << "run " << i << " differs from run 0";
     }
   }
+}
+
+TEST(GpuRunner, DispatchPicksDirectMicroForDecodeAndGenericAbove) {
+  REQUIRE_GPU();
+  const MoeConfig c = make_config(64, 256, 128, 8);
+  const Problem p = testkit::make_problem({c, 4, 71});
+  PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
+  MoeRunner r(c, w, {.max_tokens = 4096});
+  EXPECT_EQ(r.plan(1), Backend::kDirectMicro);
+  EXPECT_EQ(r.plan(64), Backend::kDirectMicro);   // 512 routes
+  EXPECT_EQ(r.plan(65), Backend::kGeneric);       // 520 routes
+  EXPECT_EQ(r.plan(4096), Backend::kGeneric);
+  MoeRunner forced(c, w, {.max_tokens = 4096, .backend = Backend::kDirectMicro});
+  EXPECT_THROW(forced.plan(65), Unsupported);
+  EXPECT_THROW(MoeRunner(c, w, {.max_tokens = 8, .backend = Backend::kStatic}).plan(1), Unsupported);
+}
+
+TEST(GpuRunner, DirectMicroDeterministicAndInAGraph) {
+  REQUIRE_GPU();
+  const MoeConfig c = make_config(64, 512, 256, 8, WeightFormat::kNVFP4, ActMode::kA4, Activation::kSilu, true);
+  const Problem p = testkit::make_problem({c, 20, 81});
+  PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
+  MoeRunner r(c, w, {.max_tokens = 20, .backend = Backend::kDirectMicro});
+  DeviceInputs in(p);
+  DeviceArray<uint16_t> out(20 * 512);
+  cudaStream_t s;
+  GPU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), out.get(), 20, s);
+  GPU_CHECK(cudaStreamEndCapture(s, &graph));
+  GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<uint16_t> first;
+  for (int i = 0; i < 20; ++i) {
+    out.fill_bytes(&testkit::kPoisonBF16, 2);
+    GPU_CHECK(cudaGraphLaunch(exec, s));
+    GPU_CHECK(cudaStreamSynchronize(s));
+    const auto o = out.download();
+    if (i == 0) {
+      first = o;
+      const auto acc = check_against_reference(p, o.data(), testkit::default_tolerance(c));
+      EXPECT_TRUE(acc.pass) << acc.summary();
+    } else {
+      ASSERT_EQ(0, std::memcmp(o.data(), first.data(), o.size() * 2)) << "replay " << i << " differs";
+    }
+  }
+  GPU_CHECK(cudaGraphExecDestroy(exec));
+  GPU_CHECK(cudaGraphDestroy(graph));
+  GPU_CHECK(cudaStreamDestroy(s));
 }
 
 TEST(GpuRunner, SmallCallAfterLargeCall) {

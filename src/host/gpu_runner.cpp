@@ -1,0 +1,76 @@
+// The GPU runner: owns the workspaces, chooses the backend per call, launches.
+#include <memory>
+
+#include "fp4moe/errors.h"
+#include "host/gpu_backend.h"
+#include "host/launch.h"
+
+namespace fp4moe::gpu {
+namespace {
+
+// Decode cutover: direct_micro up to this many routes (T·K), generic above.
+// Source: bench/results/NOTES.md, sweep of 2026-12-02 (see there for the numbers).
+constexpr int64_t kDirectMicroMaxRoutes = 512;
+
+class GpuRunner final : public Runner {
+ public:
+  GpuRunner(const MoeConfig& c, std::shared_ptr<const DeviceWeights> w, const RunnerOptions& o, int device)
+      : c_(c), w_(std::move(w)), device_(device) {
+    FP4MOE_REQUIRE(w_ != nullptr, InvalidArgument, "weights", "no device weights");
+    FP4MOE_REQUIRE(w_->device == device, InvalidArgument, "weights", "prepared for device ", w_->device,
+                   ", runner on device ", device);
+    DeviceGuard guard(device_);
+    generic_ = std::make_unique<GenericWorkspace>(c, *w_, o.max_tokens);
+    if (direct_micro_supports(c, 1, nullptr)) dm_ = std::make_unique<DirectMicroWorkspace>(c, *w_, o.max_tokens);
+  }
+
+  Backend select(int64_t T) const override {
+    if (dm_ && T * c_.top_k <= kDirectMicroMaxRoutes && direct_micro_supports(c_, T, nullptr))
+      return Backend::kDirectMicro;
+    return Backend::kGeneric;
+  }
+
+  bool supports(Backend b, int64_t T, std::string* why) const override {
+    switch (b) {
+      case Backend::kGeneric: return true;
+      case Backend::kDirectMicro:
+        if (!dm_) {
+          if (why) *why = "direct_micro is not available for this config";
+          return false;
+        }
+        return direct_micro_supports(c_, T, why);
+      default:
+        if (why) *why = "this backend is not built yet";
+        return false;
+    }
+  }
+
+  size_t workspace_bytes() const override { return generic_->bytes() + (dm_ ? dm_->bytes() : 0); }
+
+  void run(Backend backend, const void* x, const void* ids, IndexType ids_type, const float* topk_weights, void* out,
+           int64_t T, CUstream_st* stream) override {
+    std::string why;
+    FP4MOE_REQUIRE(supports(backend, T, &why), Unsupported, "options.backend", "backend ", to_string(backend),
+                   " cannot run num_tokens=", T, ": ", why);
+    DeviceGuard guard(device_);
+    const RunArgs a{x, ids, ids_type, topk_weights, out, T, stream};
+    if (backend == Backend::kDirectMicro) launch_direct_micro(c_, *w_, *dm_, a);
+    else launch_generic(c_, *w_, *generic_, a);
+  }
+
+ private:
+  MoeConfig c_;
+  std::shared_ptr<const DeviceWeights> w_;
+  int device_;
+  std::unique_ptr<GenericWorkspace> generic_;
+  std::unique_ptr<DirectMicroWorkspace> dm_;
+};
+
+}  // namespace
+
+std::unique_ptr<Runner> make_runner(const MoeConfig& config, std::shared_ptr<const DeviceWeights> weights,
+                                    const RunnerOptions& options, int device) {
+  return std::make_unique<GpuRunner>(config, std::move(weights), options, device);
+}
+
+}  // namespace fp4moe::gpu

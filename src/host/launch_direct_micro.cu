@@ -1,0 +1,86 @@
+// Launch of the direct_micro decode kernel (src/kernels/direct_micro.cuh): one cooperative launch
+// with a grid no larger than the compiled kernel's occupancy (reference F4).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "fp4moe/errors.h"
+#include "host/launch.h"
+#include "kernels/direct_micro.cuh"
+
+namespace fp4moe::gpu {
+
+namespace dm = kernels::direct_micro;
+
+bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why) {
+  if (tokens * c.top_k > dm::kMaxRoutes) {
+    if (why) *why = detail::concat("T·K = ", tokens * c.top_k, " routes is past direct_micro's ", dm::kMaxRoutes);
+    return false;
+  }
+  if (c.local_count() > dm::kMaxExperts) {
+    if (why) *why = detail::concat("E_local = ", c.local_count(), " is past direct_micro's ", dm::kMaxExperts);
+    return false;
+  }
+  return true;
+}
+
+DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens) {
+  max_routes = static_cast<int>(std::min<int64_t>(max_tokens * c.top_k, dm::kMaxRoutes));
+  // Row max_routes of a1 and a2 is the zero row that idle lanes of a route group read.
+  a1 = DeviceBuffer(static_cast<size_t>(max_routes + 1) * w.h_pad * 2, "workspace.dm_a1");
+  a2 = DeviceBuffer(static_cast<size_t>(max_routes + 1) * w.i_pad * 2, "workspace.dm_a2");
+  y = DeviceBuffer(static_cast<size_t>(max_routes) * c.hidden * 4, "workspace.dm_y");
+  barrier = DeviceBuffer(2 * sizeof(unsigned), "workspace.dm_barrier");
+  FP4MOE_CUDA_CHECK(cudaMemset(a1.get(), 0, a1.bytes()));
+  FP4MOE_CUDA_CHECK(cudaMemset(a2.get(), 0, a2.bytes()));
+  FP4MOE_CUDA_CHECK(cudaMemset(barrier.get(), 0, barrier.bytes()));
+  int sms = 0, per_sm = 0;
+  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, w.device));
+  FP4MOE_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dm::direct_micro_kernel, dm::kThreads, sizeof(dm::Smem)));
+  FP4MOE_REQUIRE(per_sm >= 1, Unsupported, "backend", "direct_micro cannot be resident on this device");
+  grid = sms * per_sm;
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());  // the memsets are done before any stream uses the buffers
+}
+
+size_t DirectMicroWorkspace::bytes() const { return a1.bytes() + a2.bytes() + y.bytes() + barrier.bytes(); }
+
+void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicroWorkspace& ws, const RunArgs& a) {
+  dm::Params p{};
+  p.x = static_cast<const __nv_bfloat16*>(a.x);
+  p.ids = a.ids;
+  p.ids_int64 = a.ids_type == IndexType::kInt64;
+  p.topk_weights = a.topk_weights;
+  p.tokens = static_cast<int>(a.tokens);
+  p.top_k = c.top_k;
+  p.routes = static_cast<int>(a.tokens * c.top_k);
+  p.first = c.local_expert_first;
+  p.experts = c.local_count();
+  p.hidden = c.hidden, p.h_pad = w.h_pad, p.i_pad = w.i_pad;
+  p.gated = c.gated();
+  p.nvfp4 = c.format == WeightFormat::kNVFP4;
+  p.block = c.weight_block();
+  p.q = kernels::quant_kind(c.format, c.mode);
+  p.activation = c.activation;
+  p.sw_alpha = c.swiglu.alpha, p.sw_beta = c.swiglu.beta, p.sw_limit = c.swiglu.limit;
+  p.w13 = w.w13_frag.get<uint4>();
+  p.s13 = w.w13_frag_scales.get<uint8_t>();
+  p.w2 = w.w2_frag.get<uint4>();
+  p.s2 = w.w2_frag_scales.get<uint8_t>();
+  p.alpha1 = w.alpha1.get<float>(), p.alpha2 = w.alpha2.get<float>();
+  p.g1 = w.fc1_input_scale.get<float>(), p.g2 = w.fc2_input_scale.get<float>();
+  p.b13 = c.has_bias ? w.b13.get<float>() : nullptr;
+  p.b2 = c.has_bias ? w.b2.get<float>() : nullptr;
+  p.a1 = ws.a1.get<__nv_bfloat16>();
+  p.a2 = ws.a2.get<__nv_bfloat16>();
+  p.y = ws.y.get<float>();
+  p.zero_row = ws.max_routes;
+  p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
+  p.out = a.out;
+  p.out_fp32 = c.output_dtype == OutputDType::kFP32;
+  void* args[] = {&p};
+  FP4MOE_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(dm::direct_micro_kernel), ws.grid,
+                                                dm::kThreads, args, sizeof(dm::Smem), a.stream));
+}
+
+}  // namespace fp4moe::gpu
