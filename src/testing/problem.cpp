@@ -119,7 +119,8 @@ void placeholder_expert(int e, uint64_t seed, QuantizedProjection& dst) {
 
 // kPerExpert: expert e from its own stream; generated and quantised in parallel, one expert's dense
 // copy per thread at a time.
-QuantizedCheckpoint per_expert_weights(const MoeConfig& c, const ProblemSpec& spec, const std::vector<char>& touched,
+// touched: nullptr means every expert is real.
+QuantizedCheckpoint per_expert_weights(const MoeConfig& c, uint64_t seed, const std::vector<char>* touched,
                                        int threads) {
   const int EL = c.local_count(), H = c.hidden, I = c.intermediate, N1 = c.fc1_rows();
   QuantizedCheckpoint q;
@@ -132,8 +133,8 @@ QuantizedCheckpoint per_expert_weights(const MoeConfig& c, const ProblemSpec& sp
   const float s13 = 1.0f / std::sqrt(static_cast<float>(H)), s2 = 1.0f / std::sqrt(static_cast<float>(I));
   parallel_for(EL, threads, [&](int64_t e64) {
     const int e = static_cast<int>(e64);
-    const uint64_t expert_seed = splitmix64(spec.seed ^ splitmix64(0xE0000000ull + static_cast<uint64_t>(e)));
-    if (spec.touched_experts_only && !touched[e]) {
+    const uint64_t expert_seed = splitmix64(seed ^ splitmix64(0xE0000000ull + static_cast<uint64_t>(e)));
+    if (touched && !(*touched)[e]) {
       placeholder_expert(e, expert_seed, q.w13);
       placeholder_expert(e, expert_seed + 1, q.w2);
       return;
@@ -151,6 +152,43 @@ QuantizedCheckpoint per_expert_weights(const MoeConfig& c, const ProblemSpec& sp
     }
   });
   return q;
+}
+
+// One token's routing: softmax over E logits drawn from `rng`, top-k (distinct experts while K <= E),
+// renormalised; the edge-case patterns of ProblemSpec::Routing applied on top.
+void route_token(const MoeConfig& c, int64_t t, std::mt19937_64& rng, std::normal_distribution<float>& normal,
+                 std::vector<float>& logits, std::vector<int>& order, ProblemSpec::Routing routing, int one_expert,
+                 int32_t* ids, float* weights) {
+  const int E = c.num_experts, K = c.top_k;
+  for (auto& l : logits) l = normal(rng);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + std::min(K, E), order.end(),
+                    [&](int a, int b) { return logits[a] > logits[b]; });
+  double sum = 0;
+  for (int j = 0; j < K; ++j) sum += std::exp(static_cast<double>(logits[order[j % E]]));
+  for (int j = 0; j < K; ++j) {
+    int id = order[j % E];  // K > E repeats experts: allowed, each route counts
+    if (routing == ProblemSpec::Routing::kAllToOneExpert) id = one_expert;
+    if (routing == ProblemSpec::Routing::kSomeInvalid && (t + j) % 3 == 0) id = (t % 2) ? -1 : E + 5;
+    ids[j] = id;
+    weights[j] = static_cast<float>(std::exp(static_cast<double>(logits[order[j % E]])) / sum);
+  }
+}
+
+// nvfp4-a4 input scales (decode form, ModelOpt input_scale): FC1 from the amax of x [T, H], FC2 per
+// expert from the intermediate of the first `calib` tokens; experts nobody reached get the largest
+// seen. No-op for other modes.
+void calibrate_input_scales(const MoeConfig& c, QuantizedCheckpoint& canon, const std::vector<uint16_t>& x,
+                            const std::vector<int32_t>& ids, int64_t calib) {
+  if (!c.needs_input_scales()) return;
+  const int EL = c.local_count();
+  float amax = 0;
+  for (auto v : x) amax = std::max(amax, std::fabs(fmt::f32_from_bf16(v)));
+  canon.fc1_input_scale.assign(EL, std::max(amax, 1e-6f) / (448.0f * 6.0f));
+  canon.fc2_input_scale.assign(EL, 1.0f);  // provisional, calibrated below
+  std::vector<float> inter = reference::intermediate_amax(c, canon, x.data(), ids.data(), IndexType::kInt32, calib);
+  const float top = std::max(1e-6f, *std::max_element(inter.begin(), inter.end()));
+  for (int e = 0; e < EL; ++e) canon.fc2_input_scale[e] = (inter[e] > 0 ? inter[e] : top) / (448.0f * 6.0f);
 }
 
 }  // namespace
@@ -196,47 +234,20 @@ Problem make_problem(const ProblemSpec& spec) {
   p.topk_weights.resize(static_cast<size_t>(T) * K);
   std::vector<float> logits(E);
   std::vector<int> order(E);
-  for (int64_t t = 0; t < T; ++t) {
-    for (auto& l : logits) l = normal(rng);
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + std::min(K, E), order.end(),
-                      [&](int a, int b) { return logits[a] > logits[b]; });
-    double sum = 0;
-    for (int j = 0; j < K; ++j) sum += std::exp(static_cast<double>(logits[order[j % E]]));
-    for (int j = 0; j < K; ++j) {
-      int id = order[j % E];  // K > E repeats experts: allowed, each route counts
-      if (spec.routing == ProblemSpec::Routing::kAllToOneExpert) id = spec.one_expert;
-      if (spec.routing == ProblemSpec::Routing::kSomeInvalid && (t + j) % 3 == 0) id = (t % 2) ? -1 : E + 5;
-      p.ids[t * K + j] = id;
-      p.topk_weights[t * K + j] = static_cast<float>(std::exp(static_cast<double>(logits[order[j % E]])) / sum);
-    }
-  }
+  for (int64_t t = 0; t < T; ++t)
+    route_token(c, t, rng, normal, logits, order, spec.routing, spec.one_expert, &p.ids[t * K], &p.topk_weights[t * K]);
 
   // Weights ~ N(0, 1/fan_in) so that every stage stays O(1). Quantised in the canonical [up; gate]
   // order, then permuted into the requested layout below (the per-row block scales move with their
   // rows, so every layout holds the same values).
-  std::vector<float> fc1_scale, fc2_scale;
-  if (c.needs_input_scales()) {
-    // FC1 input: calibrated from this batch's amax, decode form (ModelOpt input_scale).
-    float amax = 0;
-    for (auto v : p.x) amax = std::max(amax, std::fabs(fmt::f32_from_bf16(v)));
-    fc1_scale.assign(EL, std::max(amax, 1e-6f) / (448.0f * 6.0f));
-    fc2_scale.assign(EL, 1.0f);  // provisional, calibrated below
-  }
-  QuantizedCheckpoint canon = spec.weight_gen == ProblemSpec::WeightGen::kSequential
-                                  ? sequential_weights(c, rng, normal, spec.threads)
-                                  : per_expert_weights(c, spec, touched_experts(c, p.ids), spec.threads);
+  const std::vector<char> touched = touched_experts(c, p.ids);
+  QuantizedCheckpoint canon =
+      spec.weight_gen == ProblemSpec::WeightGen::kSequential
+          ? sequential_weights(c, rng, normal, spec.threads)
+          : per_expert_weights(c, spec.seed, spec.touched_experts_only ? &touched : nullptr, spec.threads);
   canon.gate_up = GateUpLayout::kUpGate;
-  canon.fc1_input_scale = std::move(fc1_scale);
-  canon.fc2_input_scale = std::move(fc2_scale);
-  if (c.needs_input_scales()) {
-    // FC2 input: per expert from the intermediate of (up to) the first 64 tokens; experts nobody
-    // reached get the largest seen.
-    const int64_t calib = std::min<int64_t>(T, 64);
-    std::vector<float> amax = reference::intermediate_amax(c, canon, p.x.data(), p.ids.data(), IndexType::kInt32, calib);
-    const float top = std::max(1e-6f, *std::max_element(amax.begin(), amax.end()));
-    for (int e = 0; e < EL; ++e) canon.fc2_input_scale[e] = (amax[e] > 0 ? amax[e] : top) / (448.0f * 6.0f);
-  }
+  // Input scales: FC1 from this batch's amax, FC2 from the intermediate of (up to) its first 64 tokens.
+  calibrate_input_scales(c, canon, p.x, p.ids, std::min<int64_t>(T, 64));
 
   // Re-express in the requested checkpoint layout (moved, not copied, where nothing is permuted:
   // a large layer is gigabytes).
@@ -278,6 +289,44 @@ Problem make_problem(const ProblemSpec& spec) {
     }
   }
   return p;
+}
+
+Inputs make_inputs(const MoeConfig& c, int64_t tokens, uint64_t seed, int threads, float x_std) {
+  c.validate();
+  FP4MOE_REQUIRE(tokens >= 1, InvalidArgument, "tokens", "must be at least 1, got ", tokens);
+  const int H = c.hidden, K = c.top_k;
+  Inputs in;
+  in.tokens = tokens;
+  in.x.resize(static_cast<size_t>(tokens) * H);
+  in.ids.resize(static_cast<size_t>(tokens) * K);
+  in.topk_weights.resize(static_cast<size_t>(tokens) * K);
+  constexpr int64_t kChunk = 64;  // tokens per task
+  parallel_for((tokens + kChunk - 1) / kChunk, threads, [&](int64_t chunk) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> logits(c.num_experts);
+    std::vector<int> order(c.num_experts);
+    for (int64_t t = chunk * kChunk; t < std::min(tokens, (chunk + 1) * kChunk); ++t) {
+      std::mt19937_64 rng(splitmix64(seed ^ splitmix64(0x70000000000ull + static_cast<uint64_t>(t))));
+      for (int h = 0; h < H; ++h) in.x[static_cast<size_t>(t) * H + h] = fmt::bf16_from_f32(x_std * normal(rng));
+      route_token(c, t, rng, normal, logits, order, ProblemSpec::Routing::kSoftmaxTopK, 0, &in.ids[t * K],
+                  &in.topk_weights[t * K]);
+    }
+  });
+  return in;
+}
+
+QuantizedCheckpoint make_layer(const LayerSpec& spec) {
+  const MoeConfig& c = spec.config;
+  c.validate();
+  FP4MOE_REQUIRE(spec.calib_tokens >= 1, InvalidArgument, "calib_tokens", "must be at least 1, got ",
+                 spec.calib_tokens);
+  QuantizedCheckpoint canon = per_expert_weights(c, spec.seed, nullptr, spec.threads);
+  canon.gate_up = GateUpLayout::kUpGate;
+  if (c.needs_input_scales()) {
+    const Inputs calib = make_inputs(c, spec.calib_tokens, spec.seed ^ kCalibSalt, spec.threads);
+    calibrate_input_scales(c, canon, calib.x, calib.ids, spec.calib_tokens);
+  }
+  return canon;
 }
 
 double default_tolerance(const MoeConfig& config) { return config.mode == ActMode::kA4 ? 1.5e-2 : 5e-3; }

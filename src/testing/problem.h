@@ -49,6 +49,34 @@ struct Problem {
 
 Problem make_problem(const ProblemSpec& spec);
 
+// ---- A layer drawn once, inputs drawn per point (`fp4moe check` and `bench`) -------------------
+// Generating and quantising a large layer takes seconds; a run that measures one layer at many token
+// counts draws the layer once (make_layer) and fresh inputs for every point (make_inputs).
+
+// Every local expert from its own stream (as WeightGen::kPerExpert with all experts real); for
+// nvfp4-a4 the input scales are calibrated once, as a checkpoint's static scales are: FC1 from the
+// amax of `calib_tokens` tokens drawn by make_inputs(config, calib_tokens, seed ^ kCalibSalt), FC2 per
+// expert from the intermediate of those tokens (experts they do not reach: the largest seen).
+// Linear scales, [up; gate] rows.
+struct LayerSpec {
+  MoeConfig config;
+  uint64_t seed = 1;
+  int calib_tokens = 64;
+  int threads = 0;  // generation threads; 0 = all hardware threads
+};
+inline constexpr uint64_t kCalibSalt = 0xCA11B0A7ull;
+QuantizedCheckpoint make_layer(const LayerSpec& spec);
+
+// Inputs of one call: x ~ N(0, x_std²), softmax-top-k routing (renormalised) — the distributions of
+// make_problem — token t from its own stream seeded by (seed, t), drawn in parallel.
+struct Inputs {
+  int64_t tokens = 0;
+  std::vector<uint16_t> x;          // [T, H] bf16 bits
+  std::vector<int32_t> ids;         // [T, K]
+  std::vector<float> topk_weights;  // [T, K]
+};
+Inputs make_inputs(const MoeConfig& config, int64_t tokens, uint64_t seed, int threads = 0, float x_std = 1.0f);
+
 // The canonical weights of a problem (canonicalize(config, checkpoint.view())).
 QuantizedCheckpoint canonical(const Problem& p);
 
