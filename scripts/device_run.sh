@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call: configure, build with all cores, run every test (CPU and GPU),
 # then `fp4moe check` and `fp4moe bench` as asked, and print a short summary table last.
-#   scripts/device_run.sh [--tests-only] [--sanitize] [--check "ARGS"] [--bench "ARGS"]
+#   scripts/device_run.sh [--no-tests] [--sanitize] [--bin DIR] [--stop-on-fail]
+#                         [--check "ARGS"]... [--bench "ARGS"]... [--plot]
+# --check and --bench may be repeated; they run in the order given, their output appended to
+# check.log / bench.log (bench results go to $OUT unless ARGS name an --out-dir). --stop-on-fail skips
+# the remaining checks and benches after one exits non-zero. --bin DIR: use the fp4moe already built
+# in DIR (e.g. from a clean worktree of a commit) instead of building; needs --no-tests. --no-tests
+# builds only the command. --plot runs bench/plot.py on every .jsonl in $OUT at the end.
 # Logs go to $OUT (or build-device/logs) so they come back with the device tool.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${OUT:-build-device/logs}
 mkdir -p "$OUTDIR"
-CHECK_ARGS="" BENCH_ARGS="" SANITIZE=0 TESTS=1 GTEST_FILTER="*"
+STEPS=() STOP_ON_FAIL=0 SANITIZE=0 TESTS=1 GTEST_FILTER="*" BIN="" PLOT=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-tests) TESTS=0 ;;
     --filter) GTEST_FILTER="$2"; shift ;;
     --sanitize) SANITIZE=1 ;;
-    --check) CHECK_ARGS="$2"; shift ;;
-    --bench) BENCH_ARGS="$2"; shift ;;
+    --check) STEPS+=("check" "$2"); shift ;;
+    --bench) STEPS+=("bench" "$2"); shift ;;
+    --stop-on-fail) STOP_ON_FAIL=1 ;;
+    --bin) BIN="$2"; shift ;;
+    --plot) PLOT=1 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -22,11 +31,19 @@ done
 summary=()
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,memory.total --format=csv,noheader | tee "$OUTDIR/gpu.txt"
-cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUTDIR/configure.log" 2>&1 \
-  && cmake --build build-device -j16 --target fp4moe_tests fp4moe_gpu_tests \
-       $([ -n "$CHECK_ARGS$BENCH_ARGS" ] && echo fp4moe_cli) > "$OUTDIR/build.log" 2>&1
-rc=$?; summary+=("build|rc=$rc|$(( $(date +%s) - t0 ))s")
-if [ $rc -ne 0 ]; then tail -40 "$OUTDIR/build.log"; printf '%s\n' "${summary[@]}"; exit 1; fi
+FP4MOE=./build-device/fp4moe
+if [ -n "$BIN" ]; then
+  FP4MOE="$BIN/fp4moe"
+  [ -x "$FP4MOE" ] || { echo "--bin: no executable $FP4MOE" >&2; exit 2; }
+  [ $TESTS -eq 0 ] || { echo "--bin needs --no-tests (the tests are not prebuilt)" >&2; exit 2; }
+  rc=0; summary+=("build|prebuilt $FP4MOE")
+else
+  targets="$([ $TESTS -eq 1 ] && echo fp4moe_tests fp4moe_gpu_tests) $([ ${#STEPS[@]} -gt 0 ] && echo fp4moe_cli)"
+  cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUTDIR/configure.log" 2>&1 \
+    && cmake --build build-device -j16 --target $targets > "$OUTDIR/build.log" 2>&1
+  rc=$?; summary+=("build|rc=$rc|$(( $(date +%s) - t0 ))s")
+  if [ $rc -ne 0 ]; then tail -40 "$OUTDIR/build.log"; printf '%s\n' "${summary[@]}"; exit 1; fi
+fi
 
 if [ $TESTS -eq 1 ]; then
   t1=$(date +%s)
@@ -44,15 +61,27 @@ if [ $SANITIZE -eq 1 ]; then
     rc=$?; summary+=("sanitizer $tool|rc=$rc|$(grep -E 'ERROR SUMMARY' "$OUTDIR/sanitize_$tool.log" | tail -1)")
   done
 fi
-if [ -n "$CHECK_ARGS" ]; then
-  ./build-device/fp4moe check $CHECK_ARGS > "$OUTDIR/check.log" 2>&1; rc=$?
-  tail -60 "$OUTDIR/check.log"
-  summary+=("fp4moe check|rc=$rc")
-fi
-if [ -n "$BENCH_ARGS" ]; then
-  ./build-device/fp4moe bench $BENCH_ARGS --out-dir "$OUTDIR" > "$OUTDIR/bench.log" 2>&1; rc=$?
-  tail -80 "$OUTDIR/bench.log"
-  summary+=("fp4moe bench|rc=$rc")
+stop=0
+for ((i = 0; i < ${#STEPS[@]}; i += 2)); do
+  cmd=${STEPS[i]} args=${STEPS[i + 1]}
+  if [ $stop -eq 1 ]; then summary+=("fp4moe $cmd $args|skipped (--stop-on-fail)"); continue; fi
+  extra=""
+  [ "$cmd" = bench ] && [[ " $args " != *" --out-dir "* ]] && extra="--out-dir $OUTDIR"
+  log="$OUTDIR/$cmd.log"; t1=$(date +%s)
+  echo "==== fp4moe $cmd $args $extra" >> "$log"
+  "$FP4MOE" $cmd $args $extra > "$log.part" 2>&1; rc=$?
+  cat "$log.part" >> "$log"
+  [ "$cmd" = bench ] && grep -m1 '^ceilings' "$log.part"
+  tail -4 "$log.part"; rm -f "$log.part"
+  summary+=("fp4moe $cmd $args|rc=$rc|$(( $(date +%s) - t1 ))s|$(tail -1 "$log")")
+  [ $rc -ne 0 ] && [ $STOP_ON_FAIL -eq 1 ] && stop=1
+done
+if [ $PLOT -eq 1 ]; then
+  for f in "$OUTDIR"/*.jsonl; do
+    [ -e "$f" ] || continue
+    python3 bench/plot.py "$f" >> "$OUTDIR/bench.log" 2>&1; rc=$?
+    summary+=("plot $(basename "$f")|rc=$rc")
+  done
 fi
 echo
 echo "| step | result |"

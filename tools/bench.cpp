@@ -1,7 +1,8 @@
 // `fp4moe bench`: the measurement of bench-protocol.md.
 //
-// On a GPU: the ceilings first (ceilings.cu), then per point fp4moe and the cuBLAS bf16 peer, each
-// timed by time_graphs (gpu_timing.cu: CUDA-graph replays with an L2 flush, the flush's own time
+// On a GPU: the ceilings first (ceilings.cu), then per layer (shape, format, mode, bias) the weights,
+// drawn and prepared once, and per point (token count) fresh inputs, fp4moe and the cuBLAS bf16 peer,
+// each timed by time_graphs (gpu_timing.cu: CUDA-graph replays with an L2 flush, the flush's own time
 // subtracted, inputs rotated over a few sets). Without a GPU: the CPU reference backend with a
 // steady clock, and no floor or efficiency. Either way: a markdown table on stdout, JSON lines
 // appended to <out-dir>/<run-name>.jsonl and <out-dir>/<run-name>.md.
@@ -53,11 +54,11 @@ std::string error_status(const std::exception& e) {
 }
 
 // Bytes (mean over the sets), flops, and the floor where there are ceilings.
-void fill_counts(BenchRow& row, const MoeConfig& c, const testkit::Problem& p, int sets, const BenchContext& ctx) {
+void fill_counts(BenchRow& row, const MoeConfig& c, const testkit::Inputs& in, int sets, const BenchContext& ctx) {
   const int64_t T = row.point.tokens;
   double bytes = 0, touched = 0;
   for (int s = 0; s < sets; ++s) {
-    const Traffic tr = traffic(c, p.ids.data() + size_t(s) * T * c.top_k, T);
+    const Traffic tr = traffic(c, in.ids.data() + size_t(s) * T * c.top_k, T);
     bytes += tr.bytes / sets;
     touched += double(tr.touched_experts) / sets;
   }
@@ -71,16 +72,15 @@ void fill_counts(BenchRow& row, const MoeConfig& c, const testkit::Problem& p, i
   }
 }
 
-BenchRow bench_point_cpu(const Point& point, const BenchContext& ctx) {
+BenchRow bench_point_cpu(const Point& point, const PreparedWeights& weights, const BenchContext& ctx) {
   BenchRow row;
   row.point = point;
   row.backend = "reference (cpu)";
   const MoeConfig c = point.config();
   const int64_t T = point.tokens;
   try {
-    const testkit::Problem p = build_problem(point, T, ctx.seed, ctx.args.threads);
+    const testkit::Inputs p = build_inputs(point, T, ctx.seed, ctx.args.threads);
     fill_counts(row, c, p, 1, ctx);
-    const PreparedWeights weights = prepare_weights(c, p.checkpoint.view(), PrepareOptions{});
     RunnerOptions ro;
     ro.max_tokens = T;
     ro.backend = ctx.args.backend;
@@ -104,7 +104,7 @@ BenchRow bench_point_cpu(const Point& point, const BenchContext& ctx) {
   return row;
 }
 
-BenchRow bench_point_gpu(const Point& point, const BenchContext& ctx) {
+BenchRow bench_point_gpu(const Point& point, const PreparedWeights& weights, const BenchContext& ctx) {
   BenchRow row;
   row.point = point;
   row.backend = std::string(to_string(ctx.args.backend));
@@ -112,10 +112,10 @@ BenchRow bench_point_gpu(const Point& point, const BenchContext& ctx) {
   const int64_t T = point.tokens;
   // Input sets rotated between calls; at most 32 Ki tokens in all (host and device memory).
   const int sets = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(ctx.args.sets, 32768 / T), 1, 64));
-  std::optional<testkit::Problem> problem;
+  std::optional<testkit::Inputs> problem;
   std::optional<DeviceInputs> inputs;
   try {
-    problem = build_problem(point, T * sets, ctx.seed, ctx.args.threads);
+    problem = build_inputs(point, T * sets, ctx.seed, ctx.args.threads);
     fill_counts(row, c, *problem, sets, ctx);
     inputs = upload_inputs(problem->x, problem->ids, problem->topk_weights, T, c.hidden, c.top_k);
   } catch (const std::exception& e) {
@@ -126,9 +126,6 @@ BenchRow bench_point_gpu(const Point& point, const BenchContext& ctx) {
 
   // fp4moe.
   try {
-    PrepareOptions po;
-    po.device = 0;
-    const PreparedWeights weights = prepare_weights(c, problem->checkpoint.view(), po);
     RunnerOptions ro;
     ro.max_tokens = T;
     ro.backend = ctx.args.backend;
@@ -238,23 +235,56 @@ int run_bench(const Args& args) {
   std::printf("method: %s\n\n", f.method.c_str());
   std::fflush(stdout);
 
+  // The .jsonl grows row by row, so that a run cut short keeps what it measured.
+  const std::string base = args.out_dir + "/" + f.run;
+  append_file(base + ".jsonl", json_header(f) + "\n");
   std::vector<BenchRow> rows;
   int errors = 0;
-  for (size_t i = 0; i < points.size(); ++i) {
-    const Point& p = points[i];
-    std::fprintf(stderr, "[%zu/%zu] %s %s %s T=%lld ...\n", i + 1, points.size(), p.shape.name.c_str(),
-                 std::string(to_string(p.format)).c_str(), std::string(to_string(p.mode)).c_str(),
-                 static_cast<long long>(p.tokens));
-    rows.push_back(gpu ? bench_point_gpu(p, ctx) : bench_point_cpu(p, ctx));
-    if (rows.back().status.rfind("error", 0) == 0) ++errors;
+  size_t done = 0;
+  // One layer's weights are drawn and prepared once for all its token counts; inputs are fresh per point.
+  for (const LayerPoints& layer : group_by_layer(points)) {
+    const MoeConfig c = layer.config();
+    const Point& first = layer.points.front();
+    std::fprintf(stderr, "layer %s %s %s%s: drawing and preparing the weights ...\n", first.shape.name.c_str(),
+                 std::string(to_string(first.format)).c_str(), std::string(to_string(first.mode)).c_str(),
+                 first.bias ? "+bias" : "");
+    const auto t0 = std::chrono::steady_clock::now();
+    PreparedWeights weights;
+    std::string layer_error;
+    try {
+      const QuantizedCheckpoint ck = build_layer(c, seed, args.threads);
+      PrepareOptions po;
+      po.device = gpu ? 0 : -1;
+      weights = prepare_weights(c, ck.view(), po);
+    } catch (const std::exception& e) {
+      layer_error = error_status(e);
+    }
+    std::fprintf(stderr, "  weights ready in %.1f s%s%s\n",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                 layer_error.empty() ? "" : ": ", layer_error.c_str());
+    for (const Point& p : layer.points) {
+      std::fprintf(stderr, "[%zu/%zu] %s %s %s T=%lld ...\n", ++done, points.size(), p.shape.name.c_str(),
+                   std::string(to_string(p.format)).c_str(), std::string(to_string(p.mode)).c_str(),
+                   static_cast<long long>(p.tokens));
+      if (!layer_error.empty()) {
+        BenchRow row;
+        row.point = p;
+        row.backend = gpu ? std::string(to_string(args.backend)) : "reference (cpu)";
+        row.status = layer_error;
+        rows.push_back(row);
+      } else {
+        rows.push_back(gpu ? bench_point_gpu(p, weights, ctx) : bench_point_cpu(p, weights, ctx));
+      }
+      if (rows.back().status.rfind("error", 0) == 0) ++errors;
+      append_file(base + ".jsonl", json_row(f, rows.back()) + "\n");
+      const std::string table = markdown_table({rows.back()}, gpu);  // header line, rule line, the row
+      const size_t row_start = table.find('\n', table.find('\n') + 1) + 1;
+      std::fprintf(stderr, "  %s", table.substr(row_start).c_str());
+    }
   }
   if (ctx.stream) (void)cudaStreamDestroy(ctx.stream);
 
   std::printf("%s\n", markdown_table(rows, gpu).c_str());
-  const std::string base = args.out_dir + "/" + f.run;
-  std::string jsonl = json_header(f) + "\n";
-  for (const BenchRow& r : rows) jsonl += json_row(f, r) + "\n";
-  append_file(base + ".jsonl", jsonl);
   write_file(base + ".md", markdown_report(f, rows));
   std::printf("wrote %s.jsonl and %s.md\nreproduce: %s\n", base.c_str(), base.c_str(), f.command.c_str());
   return errors ? 1 : 0;

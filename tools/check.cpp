@@ -1,9 +1,10 @@
 // `fp4moe check`: random problems through MoeRunner, compared against the float64 reference.
 //
-// Per point: build the problem (testkit), prepare the weights for the device, poison the output,
-// run, then compare a sample of tokens against reference::moe_forward_f64 (every token when T ≤ 64,
-// else the first, the last and 64 random ones — the reference is independent per token, so the
-// sample's rows are gathered and run alone) and count the poison pattern over EVERY output element.
+// Per layer (shape, format, mode, bias): random weights drawn and prepared for the device once. Per
+// point (token count): fresh random inputs, poison the output, run, then compare a sample of tokens
+// against reference::moe_forward_f64 (every token when T ≤ 64, else the first, the last and 64 random
+// ones — the reference is independent per token, so the sample's rows are gathered and run alone)
+// and count the poison pattern over EVERY output element.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -31,16 +32,16 @@ struct CheckRow {
   bool compared = false;
 };
 
-// Runs the problem once through a runner on `device` (-1: host); returns the whole [T, H] output.
-std::vector<uint16_t> run_once(const testkit::Problem& p, MoeRunner& runner, bool gpu) {
-  const int64_t T = p.tokens;
-  const int H = p.config.hidden;
+// Runs the inputs once through a runner on the GPU or the host; returns the whole [T, H] output.
+std::vector<uint16_t> run_once(const testkit::Inputs& in, const MoeConfig& c, MoeRunner& runner, bool gpu) {
+  const int64_t T = in.tokens;
+  const int H = c.hidden;
   std::vector<uint16_t> out(size_t(T) * H, testkit::kPoisonBF16);
   if (!gpu) {
-    runner.run(p.x.data(), p.ids.data(), IndexType::kInt32, p.topk_weights.data(), out.data(), T);
+    runner.run(in.x.data(), in.ids.data(), IndexType::kInt32, in.topk_weights.data(), out.data(), T);
     return out;
   }
-  const DeviceInputs d = upload_inputs(p.x, p.ids, p.topk_weights, T, H, p.config.top_k);
+  const DeviceInputs d = upload_inputs(in.x, in.ids, in.topk_weights, T, H, c.top_k);
   cudaStream_t stream;
   TOOL_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   try {
@@ -56,30 +57,33 @@ std::vector<uint16_t> run_once(const testkit::Problem& p, MoeRunner& runner, boo
   return out;
 }
 
-CheckRow check_point(const Point& point, bool gpu, const Args& args, uint64_t seed) {
+std::string error_status(const std::exception& e) {
+  if (dynamic_cast<const Unsupported*>(&e)) return std::string("unsupported: ") + e.what();
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return "error: out of host memory";
+  return std::string("error: ") + e.what();
+}
+
+// One point on the layer's prepared weights (which keep the canonical host form the reference reads).
+CheckRow check_point(const Point& point, const PreparedWeights& weights, bool gpu, const Args& args, uint64_t seed) {
   CheckRow row;
   row.point = point;
   const MoeConfig c = point.config();
   const int64_t T = point.tokens;
   const int H = c.hidden, K = c.top_k;
   try {
-    const testkit::Problem p = build_problem(point, T, seed, args.threads);
-    PrepareOptions po;
-    po.device = gpu ? 0 : -1;
-    po.keep_host_copy = gpu;  // the reference reads the canonical host form
-    const PreparedWeights weights = prepare_weights(c, p.checkpoint.view(), po);
+    const testkit::Inputs in = build_inputs(point, T, seed, args.threads);
     RunnerOptions ro;
     ro.max_tokens = T;
     ro.backend = args.backend;
     ro.cpu_threads = args.threads;
     MoeRunner runner(c, weights, ro);
     row.backend = std::string(to_string(runner.plan(T)));
-    const std::vector<uint16_t> out = run_once(p, runner, gpu);
+    const std::vector<uint16_t> out = run_once(in, c, runner, gpu);
 
     const std::vector<int64_t> rows = sample_rows(T, seed);
-    const auto xs = gather_rows(p.x, H, rows);
-    const auto ids = gather_rows(p.ids, K, rows);
-    const auto ws = gather_rows(p.topk_weights, K, rows);
+    const auto xs = gather_rows(in.x, H, rows);
+    const auto ids = gather_rows(in.ids, K, rows);
+    const auto ws = gather_rows(in.topk_weights, K, rows);
     const std::vector<double> ref = reference::moe_forward_f64(c, weights.host(), xs.data(), ids.data(),
                                                                IndexType::kInt32, ws.data(),
                                                                static_cast<int64_t>(rows.size()), args.threads);
@@ -91,12 +95,8 @@ CheckRow check_point(const Point& point, bool gpu, const Args& args, uint64_t se
     row.acc.pass = row.acc.pass && row.acc.unwritten == 0;
     row.compared = true;
     row.status = row.acc.pass ? "PASS" : "FAIL";
-  } catch (const Unsupported& e) {
-    row.status = std::string("unsupported: ") + e.what();
-  } catch (const std::bad_alloc&) {
-    row.status = "error: out of host memory";
   } catch (const std::exception& e) {
-    row.status = std::string("error: ") + e.what();
+    row.status = error_status(e);
   }
   return row;
 }
@@ -141,13 +141,37 @@ int run_check(const Args& args) {
               "|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   int pass = 0, fail = 0, unsupported = 0;
-  for (const Point& point : points) {
-    const CheckRow r = check_point(point, gpu, args, seed);
+  auto report = [&](const CheckRow& r) {
     std::printf("%s\n", table_row(r).c_str());
     std::fflush(stdout);
     if (r.status == "PASS") ++pass;
     else if (r.status.rfind("unsupported", 0) == 0) ++unsupported;
     else ++fail;
+  };
+  // One layer's weights are drawn and prepared once for all its token counts; inputs are fresh per point.
+  for (const LayerPoints& layer : group_by_layer(points)) {
+    const MoeConfig c = layer.config();
+    PreparedWeights weights;
+    std::string layer_error;
+    try {
+      const QuantizedCheckpoint ck = build_layer(c, seed, args.threads);
+      PrepareOptions po;
+      po.device = gpu ? 0 : -1;
+      po.keep_host_copy = gpu;  // the reference reads the canonical host form
+      weights = prepare_weights(c, ck.view(), po);
+    } catch (const std::exception& e) {
+      layer_error = error_status(e);
+    }
+    for (const Point& point : layer.points) {
+      if (!layer_error.empty()) {
+        CheckRow r;
+        r.point = point;
+        r.status = layer_error;
+        report(r);
+      } else {
+        report(check_point(point, weights, gpu, args, seed));
+      }
+    }
   }
   std::printf("\n%d passed, %d failed, %d unsupported\n", pass, fail, unsupported);
   return fail ? 1 : 0;

@@ -31,15 +31,33 @@ std::vector<Point> expand_points(const Args& args, const std::vector<int64_t>& t
   return points;
 }
 
-testkit::Problem build_problem(const Point& point, int64_t tokens, uint64_t seed, int threads) {
-  testkit::ProblemSpec spec;
-  spec.config = point.config();
-  spec.tokens = tokens;
+std::vector<LayerPoints> group_by_layer(const std::vector<Point>& points) {
+  std::vector<LayerPoints> layers;
+  for (const Point& p : points) {
+    const bool same = !layers.empty() && [&] {
+      const Point& q = layers.back().points.front();
+      return q.shape.name == p.shape.name && q.shape.hidden == p.shape.hidden &&
+             q.shape.intermediate == p.shape.intermediate && q.shape.experts == p.shape.experts &&
+             q.shape.top_k == p.shape.top_k && q.shape.activation == p.shape.activation && q.format == p.format &&
+             q.mode == p.mode && q.bias == p.bias;
+    }();
+    if (same) layers.back().points.push_back(p);
+    else layers.push_back({{p}});
+  }
+  return layers;
+}
+
+QuantizedCheckpoint build_layer(const MoeConfig& config, uint64_t seed, int threads) {
+  testkit::LayerSpec spec;
+  spec.config = config;
   spec.seed = seed;
-  spec.weight_gen = testkit::ProblemSpec::WeightGen::kPerExpert;
-  spec.touched_experts_only = true;
   spec.threads = threads;
-  return testkit::make_problem(spec);
+  return testkit::make_layer(spec);
+}
+
+testkit::Inputs build_inputs(const Point& point, int64_t tokens, uint64_t seed, int threads) {
+  const uint64_t s = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(point.tokens) * 0xD1B54A32D192ED03ull + 1;
+  return testkit::make_inputs(point.config(), tokens, s, threads);
 }
 
 Traffic traffic(const MoeConfig& c, const int32_t* ids, int64_t tokens) {

@@ -8,6 +8,7 @@
 
 #include "cli_args.h"
 #include "fp4moe/config.h"
+#include "fp4moe/weights.h"
 #include "testing/problem.h"
 
 namespace fp4moe::cli {
@@ -26,10 +27,22 @@ struct Point {
 // Points in the order shape × format × mode × tokens.
 std::vector<Point> expand_points(const Args& args, const std::vector<int64_t>& tokens);
 
-// A random problem of `tokens` rows for the point (tokens may be a multiple of point.tokens when
-// several input sets share one layer). Per-expert weight streams, placeholders for experts the
-// routing never reaches: fast for any layer size, and the reached experts are real random weights.
-testkit::Problem build_problem(const Point& point, int64_t tokens, uint64_t seed, int threads);
+// The points that share one layer's weights (shape, format, mode, bias), in run order; check and
+// bench draw and prepare a layer's weights once and reuse them for every token count.
+struct LayerPoints {
+  std::vector<Point> points;
+  MoeConfig config() const { return points.front().config(); }
+};
+std::vector<LayerPoints> group_by_layer(const std::vector<Point>& points);
+
+// The layer's random weights (testkit::make_layer: every expert real, nvfp4-a4 input scales
+// calibrated once), seeded by `seed`.
+QuantizedCheckpoint build_layer(const MoeConfig& config, uint64_t seed, int threads);
+
+// Fresh random inputs for one point: `tokens` rows (a multiple of point.tokens when several input
+// sets share one call), seeded by (seed, point.tokens) — the same inputs for every format and mode
+// of a shape at one token count, other inputs at every other token count.
+testkit::Inputs build_inputs(const Point& point, int64_t tokens, uint64_t seed, int threads);
 
 // Bytes a call must move for rows [t0, t0 + T) of a problem (bench-protocol.md): packed weights,
 // block scales and global scales of the experts those rows reach, their biases, x in and out.
