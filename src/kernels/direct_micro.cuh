@@ -214,9 +214,11 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem& sm, con
       }
 #pragma unroll
       for (int q = 0; q < kGroups; ++q) {
+        // A1/A2 were written earlier in this launch by other CTAs: coherent (L2) loads, never the
+        // read-only path.
         const uint4* b = reinterpret_cast<const uint4*>(brow[q] + kt * 64 + c * 16);
-        bv[u][q][0] = __ldg(b);
-        bv[u][q][1] = __ldg(b + 1);
+        bv[u][q][0] = __ldcg(b);
+        bv[u][q][1] = __ldcg(b + 1);
       }
     }
 #pragma unroll
@@ -397,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1) direct_micro_kernel(Params p) {
     for (int j = 0; j < p.top_k; ++j) {
       const int r = t * p.top_k + j;
       if (local_expert(p, r) < 0) continue;
-      const float4 v = *reinterpret_cast<const float4*>(p.y + static_cast<int64_t>(r) * p.hidden + c);
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(p.y + static_cast<int64_t>(r) * p.hidden + c));
       s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
     }
     const int64_t o = static_cast<int64_t>(t) * p.hidden + c;
