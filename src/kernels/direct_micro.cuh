@@ -2,8 +2,9 @@
 // grid barrier (common/grid_barrier.cuh):
 //
 //   routing   every CTA parses the top-k ids into its own shared memory (no pre-pass launch): the
-//             touched local experts in ascending order and, per expert, its routes (any order —
-//             every buffer below is indexed by route r = t·K + j, never by position)
+//             touched local experts in ascending order (the same in every CTA) and, per expert, its
+//             routes in an order that differs between CTAs — so work is only ever split across CTAs
+//             by route index or by (expert, slice), and every buffer is indexed by route r = t·K + j
 //   phase 0   A1[r] = Q1(x[t]) with expert e's FC1 input scale                      → barrier
 //   phase 1   FC1 tasks (expert, 32 intermediate columns): stream the 4 W13 row tiles
 //             (up, up, gate, gate) once, epilogue alpha + bias → act → bf16 → Q2 → A2[r] → barrier
@@ -369,12 +370,15 @@ __global__ void __launch_bounds__(kThreads, 1) direct_micro_kernel(Params p) {
   const int gwarp = blockIdx.x * kWarps + warp, nwarps = gridDim.x * kWarps;
   fill_tables(p, sm);
   build_routing(p, sm);
-  const int nt = sm.num_touched, total = sm.start[nt];
+  const int nt = sm.num_touched;
 
-  // Phase 0: quantise each routed row of x with its expert's FC1 input scale.
-  for (int i = gwarp; i < total; i += nwarps) {
-    const int r = sm.list[i];
-    const float g = p.g1[local_expert(p, r)];
+  // Phase 0: quantise each routed row of x with its expert's FC1 input scale. Distributed by route
+  // index, not list position: each CTA's list order differs (atomics), so positions would not
+  // partition the routes across CTAs.
+  for (int r = gwarp; r < p.routes; r += nwarps) {
+    const int e = local_expert(p, r);
+    if (e < 0) continue;
+    const float g = p.g1[e];
     if (quant_block(p.q) == 16) quantize_row<16>(p, r, g, lane);
     else quantize_row<32>(p, r, g, lane);
   }
