@@ -27,6 +27,7 @@
 
 #include "fp4moe/activation.h"
 #include "kernels/common/dequant.cuh"
+#include "kernels/common/epilogue.cuh"
 #include "kernels/common/grid_barrier.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/quantize.cuh"
@@ -252,6 +253,18 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem& sm, con
   }
 }
 
+// This lane's B row for each route group of the pass starting at list position `base`: the row of
+// route list[base + 8q + g], or the zero row past the expert's routes.
+__device__ __forceinline__ void group_rows(const Params& p, const Smem& sm, const __nv_bfloat16* buf, int ld,
+                                           int base, int end, const __nv_bfloat16* (&brow)[kGroups]) {
+  const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+  for (int q = 0; q < kGroups; ++q) {
+    const int i = base + q * 8 + g;
+    brow[q] = buf + static_cast<int64_t>(i < end ? sm.list[i] : p.zero_row) * ld;
+  }
+}
+
 __device__ void fc1_task(const Params& p, Smem& sm, int u, int s1, int warp, int lane) {
   const int e = sm.touched[u];
   const int begin = sm.start[u], end = sm.start[u + 1];
@@ -271,10 +284,7 @@ __device__ void fc1_task(const Params& p, Smem& sm, int u, int s1, int warp, int
   const float alpha = p.alpha1[e];
   for (int base = begin; base < end; base += kRoutesPerPass) {
     const __nv_bfloat16* brow[kGroups];
-    for (int q = 0; q < kGroups; ++q) {
-      const int i = base + q * 8 + g;
-      brow[q] = p.a1 + static_cast<int64_t>(i < end ? sm.list[i] : p.zero_row) * p.h_pad;
-    }
+    group_rows(p, sm, p.a1, p.h_pad, base, end, brow);
     float acc[kStreams][kGroups][4] = {};
     if (p.gated) stream_gemm<4, 2>(p, sm, w, sc, KT, brow, acc);
     else {
@@ -344,10 +354,7 @@ __device__ void fc2_task(const Params& p, const Smem& sm, int u, int rt) {
   const float alpha = p.alpha2[e];
   for (int base = begin; base < end; base += kRoutesPerPass) {
     const __nv_bfloat16* brow[kGroups];
-    for (int q = 0; q < kGroups; ++q) {
-      const int i = base + q * 8 + g;
-      brow[q] = p.a2 + static_cast<int64_t>(i < end ? sm.list[i] : p.zero_row) * p.i_pad;
-    }
+    group_rows(p, sm, p.a2, p.i_pad, base, end, brow);
     float acc[1][kGroups][4] = {};
     stream_gemm<1, 8>(p, sm, w, sc, KT, brow, acc);
     for (int q = 0; q < kGroups; ++q)
@@ -403,17 +410,9 @@ __global__ void __launch_bounds__(kThreads, 1) direct_micro_kernel(Params p) {
     for (int j = 0; j < p.top_k; ++j) {
       const int r = t * p.top_k + j;
       if (local_expert(p, r) < 0) continue;
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(p.y + static_cast<int64_t>(r) * p.hidden + c));
-      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+      add4(s, __ldcg(reinterpret_cast<const float4*>(p.y + static_cast<int64_t>(r) * p.hidden + c)));
     }
-    const int64_t o = static_cast<int64_t>(t) * p.hidden + c;
-    if (p.out_fp32) {
-      *reinterpret_cast<float4*>(static_cast<float*>(p.out) + o) = s;
-    } else {
-      __nv_bfloat162 lo = __floats2bfloat162_rn(s.x, s.y), hi = __floats2bfloat162_rn(s.z, s.w);
-      *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.out) + o) =
-          make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
-    }
+    store_out4(p.out, p.out_fp32, static_cast<int64_t>(t) * p.hidden + c, s);
   }
 }
 

@@ -18,6 +18,7 @@
 
 #include "fp4moe/activation.h"
 #include "kernels/common/dequant.cuh"
+#include "kernels/common/epilogue.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/quantize.cuh"
 
@@ -280,17 +281,9 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
   for (int j = 0; j < p.top_k; ++j) {
     const int row = p.route_row[static_cast<int64_t>(t) * p.top_k + j];
     if (row < 0) continue;
-    const float4 v = *reinterpret_cast<const float4*>(p.y + static_cast<int64_t>(row) * p.hidden + c);
-    s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    add4(s, *reinterpret_cast<const float4*>(p.y + static_cast<int64_t>(row) * p.hidden + c));
   }
-  const int64_t o = static_cast<int64_t>(t) * p.hidden + c;
-  if (p.out_fp32) {
-    *reinterpret_cast<float4*>(static_cast<float*>(p.out) + o) = s;
-  } else {
-    __nv_bfloat162 lo = __floats2bfloat162_rn(s.x, s.y), hi = __floats2bfloat162_rn(s.z, s.w);
-    uint2 packed = make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
-    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.out) + o) = packed;
-  }
+  store_out4(p.out, p.out_fp32, static_cast<int64_t>(t) * p.hidden + c, s);
 }
 
 }  // namespace fp4moe::kernels::generic
