@@ -29,7 +29,10 @@ DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeigh
   // Row max_routes of a1 and a2 is the zero row that idle lanes of a route group read.
   a1 = DeviceBuffer(static_cast<size_t>(max_routes + 1) * w.h_pad * 2, "workspace.dm_a1");
   a2 = DeviceBuffer(static_cast<size_t>(max_routes + 1) * w.i_pad * 2, "workspace.dm_a2");
-  y = DeviceBuffer(static_cast<size_t>(max_routes) * c.hidden * 4, "workspace.dm_y");
+  // Partial sums: at least one row per route; small calls split K into up to kcr_cap / routes chunks.
+  kcr_cap = std::max(max_routes, 256);
+  p1 = DeviceBuffer(static_cast<size_t>(kcr_cap) * w.n1_pad * 4, "workspace.dm_p1");
+  p2 = DeviceBuffer(static_cast<size_t>(kcr_cap) * w.h_pad * 4, "workspace.dm_p2");
   barrier = DeviceBuffer(2 * sizeof(unsigned), "workspace.dm_barrier");
   FP4MOE_CUDA_CHECK(cudaMemset(a1.get(), 0, a1.bytes()));
   FP4MOE_CUDA_CHECK(cudaMemset(a2.get(), 0, a2.bytes()));
@@ -43,7 +46,9 @@ DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeigh
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());  // the memsets are done before any stream uses the buffers
 }
 
-size_t DirectMicroWorkspace::bytes() const { return a1.bytes() + a2.bytes() + y.bytes() + barrier.bytes(); }
+size_t DirectMicroWorkspace::bytes() const {
+  return a1.bytes() + a2.bytes() + p1.bytes() + p2.bytes() + barrier.bytes();
+}
 
 void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicroWorkspace& ws, const RunArgs& a) {
   dm::Params p{};
@@ -73,7 +78,9 @@ void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicro
   p.b2 = c.has_bias ? w.b2.get<float>() : nullptr;
   p.a1 = ws.a1.get<__nv_bfloat16>();
   p.a2 = ws.a2.get<__nv_bfloat16>();
-  p.y = ws.y.get<float>();
+  p.p1 = ws.p1.get<float>();
+  p.p2 = ws.p2.get<float>();
+  p.kcr_cap = ws.kcr_cap;
   p.zero_row = ws.max_routes;
   p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
   p.out = a.out;

@@ -1,16 +1,23 @@
-// direct_micro: the decode kernel. One cooperative launch, four phases separated by the software
+// direct_micro: the decode kernel. One cooperative launch, five phases separated by the software
 // grid barrier (common/grid_barrier.cuh):
 //
 //   routing   every CTA parses the top-k ids into its own shared memory (no pre-pass launch): the
 //             touched local experts in ascending order (the same in every CTA) and, per expert, its
 //             routes in an order that differs between CTAs — so work is only ever split across CTAs
-//             by route index or by (expert, slice), and every buffer is indexed by route r = t·K + j
-//   phase 0   A1[r] = Q1(x[t]) with expert e's FC1 input scale                      → barrier
-//   phase 1   FC1 tasks (expert, 32 intermediate columns): stream the 4 W13 row tiles
-//             (up, up, gate, gate) once, epilogue alpha + bias → act → bf16 → Q2 → A2[r] → barrier
-//   phase 2   FC2 tasks (expert, 16 rows of H): stream the W2 row tile once,
-//             epilogue alpha + bias → · router weight → Y[r] (fp32)                    → barrier
-//   phase 3   out[t] = Σ_j Y[t·K + j] in slot order (deterministic, written once)
+//             by route index or by (expert, tile, k-chunk), and every buffer is indexed by route
+//             r = t·K + j
+//   phase 0   A1[r] = Q1(x[t]) with expert e's FC1 input scale                            → barrier
+//   phase 1   FC1 partial sums, items (expert, 16-row up+gate tile pair, k-chunk): each W13 byte
+//             is streamed once, into P1[k-chunk][r]                                         → barrier
+//   phase 1b  per (route, 32 columns): Σ over k-chunks in order, alpha + bias → act → bf16 → Q2
+//             → A2[r]                                                                       → barrier
+//   phase 2   FC2 partial sums, items (expert, 16 rows of H, k-chunk) → P2[k-chunk][r]      → barrier
+//   phase 3   out[t] = Σ_j w[t,j]·(alpha2·Σ_kc P2[kc][t·K + j] + b2), slot order, written once
+//
+// Why k-chunks: at decode sizes there are too few (expert, row tile) pairs to give every warp
+// enough bytes in flight (qwen3-30b at T = 1 has 8 experts × 48 FC1 tile pairs for 1056 warps), so
+// the reduction dimension is split until there are about four items per warp; partial sums are
+// added in a fixed order, so the result stays deterministic.
 //
 // Weights are the A operand of mma.m16n8k16 ("swap-AB"): 16 weight rows × 16 k, read straight
 // from global memory in fragment order (one 16-byte load per lane per 16 × 64 tile, see
@@ -63,7 +70,9 @@ struct Params {
   // workspace
   __nv_bfloat16* a1;  // [zero_row + 1][h_pad], permuted chunks; row zero_row stays 0
   __nv_bfloat16* a2;  // [zero_row + 1][i_pad]
-  float* y;           // [routes][hidden]
+  float* p1;          // FC1 partial sums [k-chunks][routes][n1_pad]
+  float* p2;          // FC2 partial sums [k-chunks][routes][h_pad]
+  int kcr_cap;        // rows of p1 / p2: k-chunks × routes never exceeds it
   int zero_row;
   GridBarrier barrier;
   void* out;
@@ -79,7 +88,7 @@ struct Smem {
   int num_touched;
   uint32_t e2m1x2[256];        // E2M1 byte → bf16x2
   uint32_t scale2[256];        // scale byte → bf16x2 (both halves)
-  float h[kWarps][kRoutesPerPass][33];  // FC1 epilogue staging, per warp (33: no bank conflicts)
+  float h[kWarps][1][32];      // FC1 epilogue staging, per warp
 };
 
 // Logical column w (0..63) of a 64-column chunk → its position in the permuted chunk.
@@ -265,108 +274,132 @@ __device__ __forceinline__ void group_rows(const Params& p, const Smem& sm, cons
   }
 }
 
-__device__ void fc1_task(const Params& p, Smem& sm, int u, int s1, int warp, int lane) {
+// Write m16n8 accumulators of kS weight row tiles as partial sums: accumulator (s, q, i) is weight
+// row row0[s] + g + 8·(i/2) and route list[base + 8q + 2c + i%2]; part is [routes][ld].
+template <int kS>
+__device__ __forceinline__ void store_partials(const Params& p, const Smem& sm, float* part, int ld, int base, int end,
+                                               const int (&row0)[kS], const float (&acc)[kS][kGroups][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int q = 0; q < kGroups; ++q)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int idx = base + q * 8 + 2 * c + (i & 1);
+      if (idx >= end) continue;
+      float* dst = part + static_cast<int64_t>(sm.list[idx]) * ld + g + 8 * (i >> 1);
+#pragma unroll
+      for (int s = 0; s < kS; ++s) dst[row0[s]] = acc[s][q][i];
+    }
+}
+
+// How many k-chunks to cut a reduction of KT k-tiles into so that `tiles` independent weight row
+// tiles (× chunks) give every warp of the grid about four items, without the partial-sum buffer
+// (kcr_cap rows of routes × chunks) overflowing.
+__device__ __forceinline__ int k_chunks(const Params& p, int tiles, int KT) {
+  const int target = 4 * gridDim.x * kWarps;
+  int kc = (target + tiles - 1) / max(tiles, 1);
+  kc = min(kc, KT);
+  kc = min(kc, p.kcr_cap / max(p.routes, 1));
+  return max(kc, 1);
+}
+
+// Phase 1 item: FC1 partial sums of one 16-row tile pair (up + gate; relu2: one tile) of expert
+// slot u over k-chunk kc, for every route of the expert. P1[kc][r][n] (fp32, n over n1 rows).
+__device__ void fc1_partial(const Params& p, const Smem& sm, int u, int p16, int kc, int KC) {
   const int e = sm.touched[u];
   const int begin = sm.start[u], end = sm.start[u + 1];
-  const int g = lane >> 2, c = lane & 3;
-  const int KT = p.h_pad / 64, RT = (p.gated ? 2 * p.i_pad : p.i_pad) / 16;
-  const int kStreams = 4;
-  // Row tiles: up 2·s1, 2·s1 + 1 and gate i_pad/16 + 2·s1, + 1 (relu2: the first two only).
-  const uint4* w[kStreams];
-  const uint8_t* sc[kStreams];
+  const int KT = p.h_pad / 64, n1 = p.gated ? 2 * p.i_pad : p.i_pad, RT = n1 / 16;
+  const int per = (KT + KC - 1) / KC, kt0 = kc * per, nkt = min(KT, kt0 + per) - kt0;
+  if (nkt <= 0) return;
   const int sb = 64 / p.block;
-  for (int s = 0; s < kStreams; ++s) {
-    const int rt = (p.gated ? (s >> 1) * (p.i_pad / 16) : 0) + 2 * s1 + (s & 1);
-    const int64_t tile0 = (static_cast<int64_t>(e) * RT + min(rt, RT - 1)) * KT;
-    w[s] = p.w13 + tile0 * 32;
-    sc[s] = p.s13 + tile0 * 16 * sb;
-  }
-  const float alpha = p.alpha1[e];
+  const int rt_up = p16, rt_gate = p.i_pad / 16 + p16;
+  const int64_t t_up = (static_cast<int64_t>(e) * RT + rt_up) * KT + kt0;
+  const int64_t t_gate = (static_cast<int64_t>(e) * RT + (p.gated ? rt_gate : rt_up)) * KT + kt0;
+  float* part = p.p1 + static_cast<int64_t>(kc) * p.routes * n1;
   for (int base = begin; base < end; base += kRoutesPerPass) {
     const __nv_bfloat16* brow[kGroups];
-    group_rows(p, sm, p.a1, p.h_pad, base, end, brow);
-    float acc[kStreams][kGroups][4] = {};
-    if (p.gated) stream_gemm<4, 2>(p, sm, w, sc, KT, brow, acc);
-    else {
-      const uint4* w2s[2] = {w[0], w[1]};
-      const uint8_t* sc2[2] = {sc[0], sc[1]};
-      float acc2[2][kGroups][4] = {};
-      stream_gemm<2, 4>(p, sm, w2s, sc2, KT, brow, acc2);
-      for (int s = 0; s < 2; ++s)
-        for (int q = 0; q < kGroups; ++q)
-          for (int i = 0; i < 4; ++i) acc[s][q][i] = acc2[s][q][i];
+    group_rows(p, sm, p.a1 + kt0 * 64, p.h_pad, base, end, brow);
+    if (p.gated) {
+      const uint4* w[2] = {p.w13 + t_up * 32, p.w13 + t_gate * 32};
+      const uint8_t* sc[2] = {p.s13 + t_up * 16 * sb, p.s13 + t_gate * 16 * sb};
+      float acc[2][kGroups][4] = {};
+      stream_gemm<2, 4>(p, sm, w, sc, nkt, brow, acc);
+      store_partials<2>(p, sm, part, n1, base, end, {16 * rt_up, 16 * rt_gate}, acc);
+    } else {
+      const uint4* w[1] = {p.w13 + t_up * 32};
+      const uint8_t* sc[1] = {p.s13 + t_up * 16 * sb};
+      float acc[1][kGroups][4] = {};
+      stream_gemm<1, 8>(p, sm, w, sc, nkt, brow, acc);
+      store_partials<1>(p, sm, part, n1, base, end, {16 * rt_up}, acc);
     }
-    // Epilogue: accumulator (s, q, i) is intermediate column 16·(s&1) + g + 8·(i/2) of this task
-    // and route q·8 + 2c + i%2 of the pass.
-    for (int m = 0; m < 2; ++m)
-      for (int q = 0; q < kGroups; ++q)
-        for (int i = 0; i < 4; ++i) {
-          const int col = 16 * m + g + 8 * (i >> 1);
-          const int ic = 32 * s1 + col;
-          float h;
-          if (p.gated) {
-            float up = alpha * acc[m][q][i], gate = alpha * acc[2 + m][q][i];
-            if (p.b13) {
-              up += p.b13[static_cast<int64_t>(e) * 2 * p.i_pad + ic];
-              gate += p.b13[static_cast<int64_t>(e) * 2 * p.i_pad + p.i_pad + ic];
-            }
-            h = apply_activation<float>(p.activation, gate, up, p.sw_alpha, p.sw_beta, p.sw_limit);
-          } else {
-            float v = alpha * acc[m][q][i];
-            if (p.b13) v += p.b13[static_cast<int64_t>(e) * p.i_pad + ic];
-            h = apply_activation<float>(p.activation, v, 0.0f, p.sw_alpha, p.sw_beta, p.sw_limit);
-          }
-          sm.h[warp][q * 8 + 2 * c + (i & 1)][col] = fmt::round_bf16(h);  // bf16 before Q2 (§2.4)
-        }
-    __syncwarp();
-    const int qb = quant_block(p.q), nb = 32 / qb;
-    const float g2 = p.g2[e];
-    for (int task = lane; task < kRoutesPerPass * nb; task += 32) {
-      const int rr = task / nb, b = task % nb;
-      if (base + rr >= end) continue;
-      __nv_bfloat16* dst = p.a2 + static_cast<int64_t>(sm.list[base + rr]) * p.i_pad;
-      if (qb == 16) {
-        float v[16];
-        __nv_bfloat16 o[16];
-        for (int i = 0; i < 16; ++i) v[i] = sm.h[warp][rr][b * 16 + i];
-        quant_dequant_block<16>(p.q, v, g2, o);
-        for (int i = 0; i < 16; ++i) dst[permuted_col(32 * s1 + b * 16 + i)] = o[i];
-      } else {
-        float v[32];
-        __nv_bfloat16 o[32];
-        for (int i = 0; i < 32; ++i) v[i] = sm.h[warp][rr][i];
-        quant_dequant_block<32>(p.q, v, g2, o);
-        for (int i = 0; i < 32; ++i) dst[permuted_col(32 * s1 + i)] = o[i];
-      }
-    }
-    __syncwarp();
   }
 }
 
-__device__ void fc2_task(const Params& p, const Smem& sm, int u, int rt) {
+// Phase 1b item: route r, 32 intermediate columns: Σ_kc P1 → alpha, bias → act → bf16 → Q2 → A2.
+__device__ void fc1_epilogue(const Params& p, Smem& sm, int r, int b32, int KC, int warp) {
+  const int lane = threadIdx.x & 31;
+  const int e = local_expert(p, r);
+  const int n1 = p.gated ? 2 * p.i_pad : p.i_pad;
+  const int ic = 32 * b32 + lane;
+  float up = 0.f, gate = 0.f;
+  for (int kc = 0; kc < KC; ++kc) {  // fixed order: deterministic
+    const float* row = p.p1 + (static_cast<int64_t>(kc) * p.routes + r) * n1;
+    if (p.gated) {
+      up += __ldcg(row + ic);
+      gate += __ldcg(row + p.i_pad + ic);
+    } else {
+      gate += __ldcg(row + ic);
+    }
+  }
+  const float alpha = p.alpha1[e];
+  up *= alpha, gate *= alpha;
+  if (p.b13) {
+    const float* b = p.b13 + static_cast<int64_t>(e) * n1;
+    if (p.gated) up += b[ic], gate += b[p.i_pad + ic];
+    else gate += b[ic];
+  }
+  const float h = apply_activation<float>(p.activation, gate, up, p.sw_alpha, p.sw_beta, p.sw_limit);
+  sm.h[warp][0][lane] = fmt::round_bf16(h);  // bf16 before Q2 (reference §2.4)
+  __syncwarp();
+  const int qb = quant_block(p.q);
+  __nv_bfloat16* dst = p.a2 + static_cast<int64_t>(r) * p.i_pad;
+  if (lane < 32 / qb) {
+    if (qb == 16) {
+      float v[16];
+      __nv_bfloat16 o[16];
+      for (int i = 0; i < 16; ++i) v[i] = sm.h[warp][0][lane * 16 + i];
+      quant_dequant_block<16>(p.q, v, p.g2[e], o);
+      for (int i = 0; i < 16; ++i) dst[permuted_col(32 * b32 + lane * 16 + i)] = o[i];
+    } else {
+      float v[32];
+      __nv_bfloat16 o[32];
+      for (int i = 0; i < 32; ++i) v[i] = sm.h[warp][0][i];
+      quant_dequant_block<32>(p.q, v, p.g2[e], o);
+      for (int i = 0; i < 32; ++i) dst[permuted_col(32 * b32 + i)] = o[i];
+    }
+  }
+  __syncwarp();
+}
+
+// Phase 2 item: FC2 partial sums of one 16-row tile of W2 (16 output columns) of expert slot u over
+// k-chunk kc. P2[kc][r][col] (fp32).
+__device__ void fc2_partial(const Params& p, const Smem& sm, int u, int rt, int kc, int KC) {
   const int e = sm.touched[u];
   const int begin = sm.start[u], end = sm.start[u + 1];
-  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int KT = p.i_pad / 64, RT = p.h_pad / 16;
-  const int64_t tile0 = (static_cast<int64_t>(e) * RT + rt) * KT;
+  const int per = (KT + KC - 1) / KC, kt0 = kc * per, nkt = min(KT, kt0 + per) - kt0;
+  if (nkt <= 0) return;
+  const int sb = 64 / p.block;
+  const int64_t tile0 = (static_cast<int64_t>(e) * RT + rt) * KT + kt0;
   const uint4* w[1] = {p.w2 + tile0 * 32};
-  const uint8_t* sc[1] = {p.s2 + tile0 * 16 * (64 / p.block)};
-  const float alpha = p.alpha2[e];
+  const uint8_t* sc[1] = {p.s2 + tile0 * 16 * sb};
+  float* part = p.p2 + static_cast<int64_t>(kc) * p.routes * p.h_pad;
   for (int base = begin; base < end; base += kRoutesPerPass) {
     const __nv_bfloat16* brow[kGroups];
-    group_rows(p, sm, p.a2, p.i_pad, base, end, brow);
+    group_rows(p, sm, p.a2 + kt0 * 64, p.i_pad, base, end, brow);
     float acc[1][kGroups][4] = {};
-    stream_gemm<1, 8>(p, sm, w, sc, KT, brow, acc);
-    for (int q = 0; q < kGroups; ++q)
-      for (int i = 0; i < 4; ++i) {
-        const int idx = base + q * 8 + 2 * c + (i & 1);
-        const int col = rt * 16 + g + 8 * (i >> 1);
-        if (idx >= end || col >= p.hidden) continue;
-        const int r = sm.list[idx];
-        float v = alpha * acc[0][q][i];
-        if (p.b2) v += p.b2[static_cast<int64_t>(e) * p.h_pad + col];
-        p.y[static_cast<int64_t>(r) * p.hidden + col] = p.topk_weights[r] * v;
-      }
+    stream_gemm<1, 8>(p, sm, w, sc, nkt, brow, acc);
+    store_partials<1>(p, sm, part, p.h_pad, base, end, {16 * rt}, acc);
   }
 }
 
@@ -391,17 +424,27 @@ __global__ void __launch_bounds__(kThreads, 1) direct_micro_kernel(Params p) {
   }
   grid_sync(p.barrier);
 
-  // Phase 1: FC1 tasks (expert, 32 intermediate columns).
-  const int s1n = p.i_pad / 32;
-  for (int task = gwarp; task < nt * s1n; task += nwarps) fc1_task(p, sm, task / s1n, task % s1n, warp, lane);
+  // Phase 1: FC1 partial sums over (expert, 16-row tile pair, k-chunk); k-chunk fastest so that
+  // neighbouring warps stream neighbouring memory.
+  const int P1 = p.i_pad / 16, KC1 = k_chunks(p, nt * P1, p.h_pad / 64);
+  for (int i = gwarp; i < nt * P1 * KC1; i += nwarps) fc1_partial(p, sm, i / (P1 * KC1), (i / KC1) % P1, i % KC1, KC1);
   grid_sync(p.barrier);
 
-  // Phase 2: FC2 tasks (expert, 16 rows of H). Expert-minor order spreads one expert over the grid.
-  const int rtn = p.h_pad / 16;
-  for (int task = gwarp; task < nt * rtn; task += nwarps) fc2_task(p, sm, task % nt, task / nt);
+  // Phase 1b: FC1 epilogue per (route, 32 intermediate columns).
+  const int B32 = p.i_pad / 32;
+  for (int i = gwarp; i < p.routes * B32; i += nwarps) {
+    const int r = i / B32;
+    if (local_expert(p, r) >= 0) fc1_epilogue(p, sm, r, i % B32, KC1, warp);
+  }
   grid_sync(p.barrier);
 
-  // Phase 3: out[t] = Σ_j Y[t·K + j] over local routes, slot order.
+  // Phase 2: FC2 partial sums over (expert, 16 output columns, k-chunk).
+  const int P2 = p.h_pad / 16, KC2 = k_chunks(p, nt * P2, p.i_pad / 64);
+  for (int i = gwarp; i < nt * P2 * KC2; i += nwarps) fc2_partial(p, sm, i / (P2 * KC2), (i / KC2) % P2, i % KC2, KC2);
+  grid_sync(p.barrier);
+
+  // Phase 3: out[t] = Σ_j w[t,j] · (alpha2 · Σ_kc P2[kc][t·K + j] + b2) over local routes, in slot
+  // order (deterministic, written once).
   const int c4n = p.hidden / 4;
   for (int64_t item = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
        item < static_cast<int64_t>(p.tokens) * c4n; item += static_cast<int64_t>(gridDim.x) * kThreads) {
@@ -409,8 +452,15 @@ __global__ void __launch_bounds__(kThreads, 1) direct_micro_kernel(Params p) {
     float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int j = 0; j < p.top_k; ++j) {
       const int r = t * p.top_k + j;
-      if (local_expert(p, r) < 0) continue;
-      add4(s, __ldcg(reinterpret_cast<const float4*>(p.y + static_cast<int64_t>(r) * p.hidden + c)));
+      const int e = local_expert(p, r);
+      if (e < 0) continue;
+      float4 d = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int kc = 0; kc < KC2; ++kc)
+        add4(d, __ldcg(reinterpret_cast<const float4*>(p.p2 + (static_cast<int64_t>(kc) * p.routes + r) * p.h_pad + c)));
+      const float a = p.alpha2[e], w = p.topk_weights[r];
+      float4 b = p.b2 ? *reinterpret_cast<const float4*>(p.b2 + static_cast<int64_t>(e) * p.h_pad + c)
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
+      add4(s, make_float4(w * (a * d.x + b.x), w * (a * d.y + b.y), w * (a * d.z + b.z), w * (a * d.w + b.w)));
     }
     store_out4(p.out, p.out_fp32, static_cast<int64_t>(t) * p.hidden + c, s);
   }
