@@ -136,8 +136,6 @@ EpMoeLayer::EpMoeLayer(ncclComm_t comm, const MoeConfig& config, PreparedWeights
   Impl& m = *impl_;
   config.validate();
   FP4MOE_REQUIRE(static_cast<bool>(weights), InvalidArgument, "weights", "PreparedWeights is empty");
-  FP4MOE_REQUIRE(weights.device() >= 0, Unsupported, "weights",
-                 "the expert-parallel layer runs on GPUs; prepare the weights for a CUDA device, not the host");
   FP4MOE_REQUIRE(comm != nullptr, InvalidArgument, "comm", "is null");
   FP4MOE_REQUIRE(options.max_tokens >= 1, InvalidArgument, "options.max_tokens", "must be at least 1, got ",
                  options.max_tokens);
@@ -146,6 +144,8 @@ EpMoeLayer::EpMoeLayer(ncclComm_t comm, const MoeConfig& config, PreparedWeights
                  "must be kAuto, kAllGatherReduceScatter or kAllToAll, got ", st);
   FP4MOE_REQUIRE(options.max_recv_routes == -1 || options.max_recv_routes >= 1, InvalidArgument,
                  "options.max_recv_routes", "must be -1 (every route) or at least 1, got ", options.max_recv_routes);
+  FP4MOE_REQUIRE(weights.device() >= 0, Unsupported, "weights",
+                 "the expert-parallel layer runs on GPUs; prepare the weights for a CUDA device, not the host");
   FP4MOE_REQUIRE(config.hidden % 8 == 0, Unsupported, "hidden", "the expert-parallel layer needs H % 8 == 0, got ",
                  config.hidden);
 
