@@ -231,6 +231,33 @@ TEST(GpuEdge, NanInOneTokenStaysInThatToken) {
   }
 }
 
+// Model-scale decode on one runner reused across token counts, as `fp4moe check` does: a layer drawn
+// once (make_layer), fresh inputs per call (make_inputs), every backend that can take the call.
+TEST(GpuEdge, DecodeAtModelScaleOnOneRunner) {
+  REQUIRE_GPU();
+  for (const MoeConfig& c : {make_config(64, 2048, 1024, 4, WeightFormat::kNVFP4, ActMode::kA4, Activation::kGeluTanh),
+                             make_config(128, 2048, 768, 8, WeightFormat::kMXFP4, ActMode::kA16)}) {
+    const QuantizedCheckpoint layer = testkit::make_layer({c, 91});
+    PreparedWeights w = prepare_weights(c, layer.view(), {.device = 0});
+    for (Backend b : {Backend::kAuto, Backend::kGeneric}) {
+      MoeRunner r(c, w, {.max_tokens = 4096, .backend = b});
+      for (int64_t T : {1, 7, 64, 1, 64}) {
+        const testkit::Inputs in = testkit::make_inputs(c, T, 1000 + T);
+        Problem p;
+        p.config = c, p.tokens = T, p.x = in.x, p.ids = in.ids, p.topk_weights = in.topk_weights, p.checkpoint = layer;
+        DeviceInputs d(p);
+        DeviceArray<uint16_t> out(T * c.hidden);
+        out.fill_bytes(&testkit::kPoisonBF16, 2);
+        r.run(d.x.get(), d.ids.get(), IndexType::kInt32, d.w.get(), out.get(), T);
+        GPU_CHECK(cudaDeviceSynchronize());
+        const auto o = out.download();
+        const auto acc = check_against_reference(p, o.data(), testkit::default_tolerance(c));
+        EXPECT_TRUE(acc.pass) << c.to_string() << " T=" << T << " " << to_string(r.plan(T)) << ": " << acc.summary();
+      }
+    }
+  }
+}
+
 // ---- the runner: graphs, streams, determinism ------------------------------------------------------
 TEST(GpuRunner, CudaGraphReplayWithNewInputs) {
   REQUIRE_GPU();
