@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "fp4moe/ep.h"
 #include "fp4moe/errors.h"
 #include "testing/problem.h"
 
@@ -72,7 +73,7 @@ Shape from_named(const testkit::NamedShape& n) {
 const std::set<std::string> kValueFlags = {
     "--model", "--hidden", "--intermediate", "--experts", "--topk", "--activation", "--swiglu-alpha",
     "--swiglu-beta", "--swiglu-limit", "--tokens", "--format", "--mode", "--backend", "--device", "--seed",
-    "--out-dir", "--run-name", "--iters", "--warmup", "--sets", "--threads"};
+    "--out-dir", "--run-name", "--iters", "--warmup", "--sets", "--threads", "--ep", "--ep-strategy"};
 const std::set<std::string> kBoolFlags = {"--bias", "--no-peer", "--help"};
 
 // Which flags each subcommand accepts.
@@ -80,7 +81,7 @@ bool accepts(const std::string& command, const std::string& flag) {
   if (flag == "--help") return true;
   if (command == "info") return false;
   static const std::set<std::string> bench_only = {"--out-dir", "--run-name", "--iters", "--warmup", "--sets",
-                                                    "--no-peer"};
+                                                    "--no-peer", "--ep", "--ep-strategy"};
   if (command == "check") return !bench_only.count(flag);
   return true;
 }
@@ -129,6 +130,10 @@ std::string usage() {
         "  --warmup N           untimed calls first (default 10 on a GPU, 1 on the CPU)\n"
         "  --sets N             input sets rotated between calls on a GPU (default 4)\n"
         "  --no-peer            skip the cuBLAS bf16 peer\n"
+        "  --ep N               expert parallel over GPUs 0..N-1 (NCCL builds): per-layer time, bytes\n"
+        "                       each rank moved, ratio to one GPU on N·T tokens; --tokens is per rank\n"
+        "                       (default 1,16,128,1024), --iters default 20, --warmup 3\n"
+        "  --ep-strategy S      allgather, alltoall, auto or both (default both)\n"
         "\n"
         "exit status: 0 success, 1 a check failed or a run error, 2 bad command line\n"
         "examples:\n"
@@ -268,6 +273,18 @@ Args parse_args(int argc, char** argv) {
   if (has("--warmup")) a.warmup = static_cast<int>(parse_int("--warmup", v["--warmup"], 0, 100000));
   if (has("--sets")) a.sets = static_cast<int>(parse_int("--sets", v["--sets"], 1, 64));
   a.peer = !has("--no-peer");
+  if (has("--ep")) a.ep = static_cast<int>(parse_int("--ep", v["--ep"], 1, 1024));
+  if (has("--ep-strategy")) {
+    if (!has("--ep")) throw UsageError("--ep-strategy applies to bench --ep N only");
+    a.ep_strategy = v["--ep-strategy"];
+    if (a.ep_strategy != "both") {
+      try {
+        (void)parse_ep_strategy(a.ep_strategy, "--ep-strategy");
+      } catch (const Error& e) {
+        throw UsageError(std::string(e.what()) + " (or both)");
+      }
+    }
+  }
 
   // Every (shape, format, mode) must be a valid layer: MoeConfig::validate names the field.
   for (const Shape& s : a.shapes)

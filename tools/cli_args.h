@@ -44,6 +44,8 @@ struct Args {
   int sets = 4;                        // GPU bench: input sets rotated between calls
   int threads = 0;                     // host threads (generation, reference); 0 = all
   bool peer = true;                    // GPU bench: time the cuBLAS bf16 peer
+  int ep = 0;                          // bench --ep N: expert parallel over N local GPUs (ep_bench.cpp)
+  std::string ep_strategy = "both";    // --ep-strategy: allgather, alltoall, auto or both
   std::vector<std::string> argv;       // as given, for the reproducing command line
 };
 

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
     }
     if (args.command == "info") return run_info(args);
     if (args.command == "check") return run_check(args);
+    if (args.command == "bench" && args.ep > 0) return run_ep_bench(args);
     return run_bench(args);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "fp4moe: %s\n(fp4moe --help lists the commands and flags)\n", e.what());
