@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "fp4moe/checkpoint.h"
 #include "fp4moe/errors.h"
@@ -44,7 +45,8 @@ struct JValue {
   int64_t uint = 0;
   std::string str;
   std::vector<JValue> arr;
-  std::vector<std::pair<std::string, JValue>> obj;
+  std::vector<std::string> keys;  // object members, in order (parallel to vals)
+  std::vector<JValue> vals;
 };
 
 class JsonParser {
@@ -94,16 +96,17 @@ class JsonParser {
         v.kind = JValue::kObject;
         ws();
         if (eat('}')) return v;
+        std::set<std::string> seen;
         for (;;) {
           ws();
           if (p_ == end_ || *p_ != '"') fail("expected a string key");
           std::string key = string();
-          for (const auto& kv : v.obj)
-            if (kv.first == key) fail(detail::concat("duplicate key \"", key, "\""));
+          if (!seen.insert(key).second) fail(detail::concat("duplicate key \"", key, "\""));
           ws();
           if (!eat(':')) fail("expected ':'");
           JValue item = value(depth + 1);
-          v.obj.emplace_back(std::move(key), std::move(item));
+          v.keys.push_back(std::move(key));
+          v.vals.push_back(std::move(item));
           ws();
           if (eat(',')) continue;
           if (eat('}')) return v;
@@ -325,11 +328,15 @@ void parse_into(SafetensorsFile::Impl& f) {
   std::vector<std::pair<uint64_t, uint64_t>> ranges;  // (begin, end) per tensor, then sorted
   std::vector<const std::string*> range_names;
 
-  for (const auto& [name, v] : root.obj) {
+  for (size_t member = 0; member < root.keys.size(); ++member) {
+    const std::string& name = root.keys[member];
+    const JValue& v = root.vals[member];
     const std::string tname = printable(name);
     if (name == "__metadata__") {
       FP4MOE_REQUIRE(v.kind == JValue::kObject, InvalidArgument, file, "__metadata__ is not an object");
-      for (const auto& [k, mv] : v.obj) {
+      for (size_t j = 0; j < v.keys.size(); ++j) {
+        const std::string& k = v.keys[j];
+        const JValue& mv = v.vals[j];
         FP4MOE_REQUIRE(mv.kind == JValue::kString, InvalidArgument, file, "__metadata__ value of '", printable(k),
                        "' is not a string");
         f.metadata[k] = mv.str;
@@ -338,7 +345,9 @@ void parse_into(SafetensorsFile::Impl& f) {
     }
     FP4MOE_REQUIRE(v.kind == JValue::kObject, InvalidArgument, file, "tensor '", tname, "': entry is not an object");
     const JValue *dtype = nullptr, *shape = nullptr, *offsets = nullptr;
-    for (const auto& [k, fv] : v.obj) {
+    for (size_t j = 0; j < v.keys.size(); ++j) {
+      const std::string& k = v.keys[j];
+      const JValue& fv = v.vals[j];
       if (k == "dtype") dtype = &fv;
       else if (k == "shape") shape = &fv;
       else if (k == "data_offsets") offsets = &fv;
