@@ -36,7 +36,6 @@ struct DirectMicroWorkspace {
   DirectMicroWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens);
   size_t bytes() const;
   int max_routes = 0;  // routes (T·K) this workspace holds
-  int kcr_cap = 0;     // rows of the partial-sum buffers (k-chunks × routes)
   int grid = 0;        // co-resident CTAs of the compiled kernel on this device
   DeviceBuffer a1, a2, p1, p2, barrier;
 };

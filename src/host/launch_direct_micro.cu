@@ -29,14 +29,17 @@ DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeigh
   // Row max_routes of a1 and a2 is the zero row that idle lanes of a route group read.
   a1 = DeviceBuffer(static_cast<size_t>(max_routes + 1) * w.h_pad * 2, "workspace.dm_a1");
   a2 = DeviceBuffer(static_cast<size_t>(max_routes + 1) * w.i_pad * 2, "workspace.dm_a2");
-  // Partial sums: at least one row per route; small calls split K into up to kcr_cap / routes chunks.
-  kcr_cap = std::max(max_routes, 256);
-  p1 = DeviceBuffer(static_cast<size_t>(kcr_cap) * w.n1_pad * 4, "workspace.dm_p1");
-  p2 = DeviceBuffer(static_cast<size_t>(kcr_cap) * w.h_pad * 4, "workspace.dm_p2");
+  // Partial sums: up to kMaxKChunks k-chunks per route.
+  const size_t rows = static_cast<size_t>(dm::kMaxKChunks) * max_routes;
+  p1 = DeviceBuffer(rows * w.n1_pad * 4, "workspace.dm_p1");
+  p2 = DeviceBuffer(rows * w.h_pad * 4, "workspace.dm_p2");
   barrier = DeviceBuffer(2 * sizeof(unsigned), "workspace.dm_barrier");
   FP4MOE_CUDA_CHECK(cudaMemset(a1.get(), 0, a1.bytes()));
   FP4MOE_CUDA_CHECK(cudaMemset(a2.get(), 0, a2.bytes()));
   FP4MOE_CUDA_CHECK(cudaMemset(barrier.get(), 0, barrier.bytes()));
+  // The kernel's shared memory (replicated lookup tables) is past the 48 KB default.
+  FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(dm::direct_micro_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(sizeof(dm::Smem))));
   int sms = 0, per_sm = 0;
   FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, w.device));
   FP4MOE_CUDA_CHECK(
@@ -80,7 +83,6 @@ void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicro
   p.a2 = ws.a2.get<__nv_bfloat16>();
   p.p1 = ws.p1.get<float>();
   p.p2 = ws.p2.get<float>();
-  p.kcr_cap = ws.kcr_cap;
   p.zero_row = ws.max_routes;
   p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
   p.out = a.out;

@@ -46,6 +46,7 @@ inline constexpr int kMaxRoutes = 512;   // T·K this kernel accepts (shared-mem
 inline constexpr int kMaxExperts = 1024; // E_local
 inline constexpr int kGroups = 2;        // groups of 8 routes fed by one pass over a weight tile
 inline constexpr int kRoutesPerPass = 8 * kGroups;
+inline constexpr int kMaxKChunks = 8;    // partial-sum buffers hold kMaxKChunks × routes rows
 
 struct Params {
   // inputs
@@ -72,7 +73,6 @@ struct Params {
   __nv_bfloat16* a2;  // [zero_row + 1][i_pad]
   float* p1;          // FC1 partial sums [k-chunks][routes][n1_pad]
   float* p2;          // FC2 partial sums [k-chunks][routes][h_pad]
-  int kcr_cap;        // rows of p1 / p2: k-chunks × routes never exceeds it
   int zero_row;
   GridBarrier barrier;
   void* out;
@@ -86,8 +86,11 @@ struct Smem {
   int start[kMaxExperts + 1];  // their route-list offsets
   int list[kMaxRoutes];        // route indices grouped by expert
   int num_touched;
-  uint32_t e2m1x2[256];        // E2M1 byte → bf16x2
-  uint32_t scale2[256];        // scale byte → bf16x2 (both halves)
+  // Lookup tables replicated once per bank: entry b of lane l at [b][l], so the 32 lanes of a warp
+  // looking up 32 arbitrary bytes hit 32 different banks (a single 256-entry table serialises up to
+  // 32 ways, and these lookups run once per two weights).
+  uint32_t e2m1x2[256][32];    // E2M1 byte → bf16x2
+  uint32_t scale2[256][32];    // scale byte → bf16x2 (both halves)
   float h[kWarps][1][32];      // FC1 epilogue staging, per warp
 };
 
@@ -164,10 +167,17 @@ __device__ void build_routing(const Params& p, Smem& sm) {
 
 __device__ void fill_tables(const Params& p, Smem& sm) {
   for (int b = threadIdx.x; b < 256; b += kThreads) {
-    sm.e2m1x2[b] = static_cast<uint32_t>(e2m1_to_bf16_bits(b & 0xF)) |
-                   (static_cast<uint32_t>(e2m1_to_bf16_bits(b >> 4)) << 16);
-    const uint16_t s = fmt::bf16_from_f32(p.nvfp4 ? fmt::e4m3_decode(b) : fmt::ue8m0_decode(b));
-    sm.scale2[b] = static_cast<uint32_t>(s) | (static_cast<uint32_t>(s) << 16);
+    const uint32_t v = static_cast<uint32_t>(e2m1_to_bf16_bits(b & 0xF)) |
+                       (static_cast<uint32_t>(e2m1_to_bf16_bits(b >> 4)) << 16);
+    const uint16_t h = fmt::bf16_from_f32(p.nvfp4 ? fmt::e4m3_decode(b) : fmt::ue8m0_decode(b));
+    const uint32_t s = static_cast<uint32_t>(h) | (static_cast<uint32_t>(h) << 16);
+    uint4* e = reinterpret_cast<uint4*>(sm.e2m1x2[b]);
+    uint4* c = reinterpret_cast<uint4*>(sm.scale2[b]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      e[i] = make_uint4(v, v, v, v);
+      c[i] = make_uint4(s, s, s, s);
+    }
   }
 }
 
@@ -241,13 +251,13 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem& sm, con
 #pragma unroll
         for (int s = 0; s < kS; ++s) {
           const uint32_t word = t == 0 ? wv[u][s].x : t == 1 ? wv[u][s].y : t == 2 ? wv[u][s].z : wv[u][s].w;
-          const uint32_t s_lo = sm.scale2[(slo[u][s] >> (8 * j)) & 0xFF];
-          const uint32_t s_hi = sm.scale2[(shi[u][s] >> (8 * j)) & 0xFF];
+          const uint32_t s_lo = sm.scale2[(slo[u][s] >> (8 * j)) & 0xFF][lane];
+          const uint32_t s_hi = sm.scale2[(shi[u][s] >> (8 * j)) & 0xFF][lane];
           uint32_t a[4];
-          a[0] = bf16x2_mul(sm.e2m1x2[word & 0xFF], s_lo);          // row g,   k 2c
-          a[1] = bf16x2_mul(sm.e2m1x2[(word >> 8) & 0xFF], s_hi);   // row g+8, k 2c
-          a[2] = bf16x2_mul(sm.e2m1x2[(word >> 16) & 0xFF], s_lo);  // row g,   k 2c+8
-          a[3] = bf16x2_mul(sm.e2m1x2[word >> 24], s_hi);           // row g+8, k 2c+8
+          a[0] = bf16x2_mul(sm.e2m1x2[word & 0xFF][lane], s_lo);          // row g,   k 2c
+          a[1] = bf16x2_mul(sm.e2m1x2[(word >> 8) & 0xFF][lane], s_hi);   // row g+8, k 2c
+          a[2] = bf16x2_mul(sm.e2m1x2[(word >> 16) & 0xFF][lane], s_lo);  // row g,   k 2c+8
+          a[3] = bf16x2_mul(sm.e2m1x2[word >> 24][lane], s_hi);           // row g+8, k 2c+8
 #pragma unroll
           for (int q = 0; q < kGroups; ++q) {
             const uint4& lo = bv[u][q][t >> 1];
@@ -293,14 +303,17 @@ __device__ __forceinline__ void store_partials(const Params& p, const Smem& sm, 
 }
 
 // How many k-chunks to cut a reduction of KT k-tiles into so that `tiles` independent weight row
-// tiles (× chunks) give every warp of the grid about four items, without the partial-sum buffer
-// (kcr_cap rows of routes × chunks) overflowing.
-__device__ __forceinline__ int k_chunks(const Params& p, int tiles, int KT) {
+// tiles (× chunks) give every warp of the grid about four items. Depends only on the layer shape,
+// the grid and the number of touched experts — not on the route count or the workspace — so a
+// route's result does not depend on which other routes share the call (what lets the expert-
+// parallel path equal the plain one bit for bit).
+__device__ __forceinline__ int k_chunks(int tiles, int KT) {
   const int target = 4 * gridDim.x * kWarps;
-  int kc = (target + tiles - 1) / max(tiles, 1);
-  kc = min(kc, KT);
-  kc = min(kc, p.kcr_cap / max(p.routes, 1));
-  return max(kc, 1);
+  const int kc = max(min(min((target + tiles - 1) / max(tiles, 1), KT), kMaxKChunks), 1);
+  // Chunks of ceil(KT / kc) tiles: return how many that really makes, so no chunk is empty (an
+  // empty chunk would leave its partial sums unwritten yet summed).
+  const int per = (KT + kc - 1) / kc;
+  return (KT + per - 1) / per;
 }
 
 // Phase 1 item: FC1 partial sums of one 16-row tile pair (up + gate; relu2: one tile) of expert
@@ -426,7 +439,7 @@ __global__ void __launch_bounds__(kThreads, 1) direct_micro_kernel(Params p) {
 
   // Phase 1: FC1 partial sums over (expert, 16-row tile pair, k-chunk); k-chunk fastest so that
   // neighbouring warps stream neighbouring memory.
-  const int P1 = p.i_pad / 16, KC1 = k_chunks(p, nt * P1, p.h_pad / 64);
+  const int P1 = p.i_pad / 16, KC1 = k_chunks(nt * P1, p.h_pad / 64);
   for (int i = gwarp; i < nt * P1 * KC1; i += nwarps) fc1_partial(p, sm, i / (P1 * KC1), (i / KC1) % P1, i % KC1, KC1);
   grid_sync(p.barrier);
 
@@ -439,7 +452,7 @@ __global__ void __launch_bounds__(kThreads, 1) direct_micro_kernel(Params p) {
   grid_sync(p.barrier);
 
   // Phase 2: FC2 partial sums over (expert, 16 output columns, k-chunk).
-  const int P2 = p.h_pad / 16, KC2 = k_chunks(p, nt * P2, p.i_pad / 64);
+  const int P2 = p.h_pad / 16, KC2 = k_chunks(nt * P2, p.i_pad / 64);
   for (int i = gwarp; i < nt * P2 * KC2; i += nwarps) fc2_partial(p, sm, i / (P2 * KC2), (i / KC2) % P2, i % KC2, KC2);
   grid_sync(p.barrier);
 
