@@ -17,6 +17,7 @@
 #include "fp4moe/errors.h"
 #include "host/cuda_check.h"
 #include "host/prepared.h"
+#include "host/run_args.h"
 
 #define FP4MOE_NCCL_CHECK(call)                                                                             \
   do {                                                                                                      \
@@ -81,7 +82,6 @@ class OwnedStream {
   cudaStream_t s_ = nullptr;
 };
 
-bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
 // What every rank tells the others at construction.
 enum Field { kFirst, kCount, kExperts, kHidden, kInter, kTopK, kFormat, kMode, kAct, kBias, kMaxTokens, kFields };
@@ -280,19 +280,7 @@ void EpMoeLayer::run(const void* x, const void* ids, IndexType it, const float* 
   Impl& m = *impl_;
   FP4MOE_REQUIRE(T >= 0 && T <= m.options.max_tokens, CapacityError, "num_tokens", "must be in [0, max_tokens=",
                  m.options.max_tokens, "], got ", T);
-  FP4MOE_REQUIRE(it == IndexType::kInt32 || it == IndexType::kInt64, InvalidArgument, "ids_type",
-                 "must be kInt32 or kInt64, got ", static_cast<int>(it));
-  if (T > 0) {
-    FP4MOE_REQUIRE(x != nullptr, InvalidArgument, "x", "is null (num_tokens=", T, ")");
-    FP4MOE_REQUIRE(ids != nullptr, InvalidArgument, "topk_ids", "is null (num_tokens=", T, ")");
-    FP4MOE_REQUIRE(w != nullptr, InvalidArgument, "topk_weights", "is null (num_tokens=", T, ")");
-    FP4MOE_REQUIRE(out != nullptr, InvalidArgument, "out", "is null (num_tokens=", T, ")");
-    FP4MOE_REQUIRE(aligned(x, 16), InvalidArgument, "x", "must be 16-byte aligned, address ", x);
-    FP4MOE_REQUIRE(aligned(out, 16), InvalidArgument, "out", "must be 16-byte aligned, address ", out);
-    FP4MOE_REQUIRE(aligned(ids, it == IndexType::kInt32 ? 4 : 8), InvalidArgument, "topk_ids",
-                   "must be aligned to its element size, address ", ids);
-    FP4MOE_REQUIRE(aligned(w, 4), InvalidArgument, "topk_weights", "must be 4-byte aligned, address ", w);
-  }
+  validate_run_args(x, ids, it, w, out, T);
   if (!tokens_per_rank.empty()) {
     FP4MOE_REQUIRE(static_cast<int>(tokens_per_rank.size()) == m.world, InvalidArgument, "tokens_per_rank",
                    "has ", tokens_per_rank.size(), " entries for a world of ", m.world);

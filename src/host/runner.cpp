@@ -7,6 +7,7 @@
 #include "fp4moe/runner.h"
 #include "host/gpu_backend.h"
 #include "host/prepared.h"
+#include "host/run_args.h"
 #include "reference/reference.h"
 
 namespace fp4moe {
@@ -38,6 +39,22 @@ void check_same_layer(const MoeConfig& a, const MoeConfig& w) {
 bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
 }  // namespace
+
+void validate_run_args(const void* x, const void* ids, IndexType ids_type, const float* w, const void* out,
+                       int64_t T) {
+  FP4MOE_REQUIRE(ids_type == IndexType::kInt32 || ids_type == IndexType::kInt64, InvalidArgument, "ids_type",
+                 "must be kInt32 or kInt64, got ", static_cast<int>(ids_type));
+  if (T <= 0) return;
+  FP4MOE_REQUIRE(x != nullptr, InvalidArgument, "x", "is null (num_tokens=", T, ")");
+  FP4MOE_REQUIRE(ids != nullptr, InvalidArgument, "topk_ids", "is null (num_tokens=", T, ")");
+  FP4MOE_REQUIRE(w != nullptr, InvalidArgument, "topk_weights", "is null (num_tokens=", T, ")");
+  FP4MOE_REQUIRE(out != nullptr, InvalidArgument, "out", "is null (num_tokens=", T, ")");
+  FP4MOE_REQUIRE(aligned(x, 16), InvalidArgument, "x", "must be 16-byte aligned, address ", x);
+  FP4MOE_REQUIRE(aligned(out, 16), InvalidArgument, "out", "must be 16-byte aligned, address ", out);
+  FP4MOE_REQUIRE(aligned(ids, ids_type == IndexType::kInt32 ? 4 : 8), InvalidArgument, "topk_ids",
+                 "must be aligned to its element size, address ", ids);
+  FP4MOE_REQUIRE(aligned(w, 4), InvalidArgument, "topk_weights", "must be 4-byte aligned, address ", w);
+}
 
 struct MoeRunner::Impl {
   MoeConfig config;
@@ -96,17 +113,7 @@ void MoeRunner::run(const void* x, const void* ids, IndexType ids_type, const fl
                     CUstream_st* stream) {
   const Backend backend = plan(T);  // validates T
   if (T == 0) return;
-  FP4MOE_REQUIRE(x != nullptr, InvalidArgument, "x", "is null (num_tokens=", T, ")");
-  FP4MOE_REQUIRE(ids != nullptr, InvalidArgument, "topk_ids", "is null (num_tokens=", T, ")");
-  FP4MOE_REQUIRE(w != nullptr, InvalidArgument, "topk_weights", "is null (num_tokens=", T, ")");
-  FP4MOE_REQUIRE(out != nullptr, InvalidArgument, "out", "is null (num_tokens=", T, ")");
-  FP4MOE_REQUIRE(aligned(x, 16), InvalidArgument, "x", "must be 16-byte aligned, address ", x);
-  FP4MOE_REQUIRE(aligned(out, 16), InvalidArgument, "out", "must be 16-byte aligned, address ", out);
-  FP4MOE_REQUIRE(aligned(ids, ids_type == IndexType::kInt32 ? 4 : 8), InvalidArgument, "topk_ids",
-                 "must be aligned to its element size, address ", ids);
-  FP4MOE_REQUIRE(aligned(w, 4), InvalidArgument, "topk_weights", "must be 4-byte aligned, address ", w);
-  FP4MOE_REQUIRE(ids_type == IndexType::kInt32 || ids_type == IndexType::kInt64, InvalidArgument, "ids_type",
-                 "must be kInt32 or kInt64, got ", static_cast<int>(ids_type));
+  validate_run_args(x, ids, ids_type, w, out, T);
   if (!impl_->gpu) {
     reference::moe_forward(impl_->config, impl_->weights.host(), static_cast<const uint16_t*>(x), ids, ids_type, w, T,
                            out, impl_->options.cpu_threads);
