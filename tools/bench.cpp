@@ -47,12 +47,6 @@ std::string utc_now(const char* format) {
   return buf;
 }
 
-std::string error_status(const std::exception& e) {
-  if (dynamic_cast<const Unsupported*>(&e)) return std::string("unsupported: ") + e.what();
-  if (dynamic_cast<const std::bad_alloc*>(&e)) return "error: out of host memory";
-  return std::string("error: ") + e.what();
-}
-
 // Bytes (mean over the sets), flops, and the floor where there are ceilings.
 void fill_counts(BenchRow& row, const MoeConfig& c, const testkit::Inputs& in, int sets, const BenchContext& ctx) {
   const int64_t T = row.point.tokens;
@@ -249,16 +243,8 @@ int run_bench(const Args& args) {
                  std::string(to_string(first.format)).c_str(), std::string(to_string(first.mode)).c_str(),
                  first.bias ? "+bias" : "");
     const auto t0 = std::chrono::steady_clock::now();
-    PreparedWeights weights;
     std::string layer_error;
-    try {
-      const QuantizedCheckpoint ck = build_layer(c, seed, args.threads);
-      PrepareOptions po;
-      po.device = gpu ? 0 : -1;
-      weights = prepare_weights(c, ck.view(), po);
-    } catch (const std::exception& e) {
-      layer_error = error_status(e);
-    }
+    const PreparedWeights weights = prepare_layer(c, seed, args.threads, gpu, false, layer_error);
     std::fprintf(stderr, "  weights ready in %.1f s%s%s\n",
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                  layer_error.empty() ? "" : ": ", layer_error.c_str());

@@ -57,12 +57,6 @@ std::vector<uint16_t> run_once(const testkit::Inputs& in, const MoeConfig& c, Mo
   return out;
 }
 
-std::string error_status(const std::exception& e) {
-  if (dynamic_cast<const Unsupported*>(&e)) return std::string("unsupported: ") + e.what();
-  if (dynamic_cast<const std::bad_alloc*>(&e)) return "error: out of host memory";
-  return std::string("error: ") + e.what();
-}
-
 // One point on the layer's prepared weights (which keep the canonical host form the reference reads).
 CheckRow check_point(const Point& point, const PreparedWeights& weights, bool gpu, const Args& args, uint64_t seed) {
   CheckRow row;
@@ -151,17 +145,9 @@ int run_check(const Args& args) {
   // One layer's weights are drawn and prepared once for all its token counts; inputs are fresh per point.
   for (const LayerPoints& layer : group_by_layer(points)) {
     const MoeConfig c = layer.config();
-    PreparedWeights weights;
     std::string layer_error;
-    try {
-      const QuantizedCheckpoint ck = build_layer(c, seed, args.threads);
-      PrepareOptions po;
-      po.device = gpu ? 0 : -1;
-      po.keep_host_copy = gpu;  // the reference reads the canonical host form
-      weights = prepare_weights(c, ck.view(), po);
-    } catch (const std::exception& e) {
-      layer_error = error_status(e);
-    }
+    // keep_host_copy on the GPU: the reference reads the canonical host form.
+    const PreparedWeights weights = prepare_layer(c, seed, args.threads, gpu, gpu, layer_error);
     for (const Point& point : layer.points) {
       if (!layer_error.empty()) {
         CheckRow r;

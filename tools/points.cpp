@@ -1,6 +1,7 @@
 // Points, problems, byte and flop counts. See points.h.
 #include "points.h"
 
+#include "fp4moe/errors.h"
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
@@ -53,6 +54,27 @@ QuantizedCheckpoint build_layer(const MoeConfig& config, uint64_t seed, int thre
   spec.seed = seed;
   spec.threads = threads;
   return testkit::make_layer(spec);
+}
+
+std::string error_status(const std::exception& e) {
+  if (dynamic_cast<const fp4moe::Unsupported*>(&e)) return std::string("unsupported: ") + e.what();
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return "error: out of host memory";
+  return std::string("error: ") + e.what();
+}
+
+PreparedWeights prepare_layer(const MoeConfig& config, uint64_t seed, int threads, bool gpu, bool keep_host_copy,
+                              std::string& error) {
+  error.clear();
+  try {
+    const QuantizedCheckpoint ck = build_layer(config, seed, threads);
+    PrepareOptions po;
+    po.device = gpu ? 0 : -1;
+    po.keep_host_copy = keep_host_copy;
+    return prepare_weights(config, ck.view(), po);
+  } catch (const std::exception& e) {
+    error = error_status(e);
+    return {};
+  }
 }
 
 testkit::Inputs build_inputs(const Point& point, int64_t tokens, uint64_t seed, int threads) {

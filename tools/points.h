@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,15 @@ std::vector<LayerPoints> group_by_layer(const std::vector<Point>& points);
 // The layer's random weights (testkit::make_layer: every expert real, nvfp4-a4 input scales
 // calibrated once), seeded by `seed`.
 QuantizedCheckpoint build_layer(const MoeConfig& config, uint64_t seed, int threads);
+
+// A point's status for an exception: "unsupported: …" for fp4moe::Unsupported, else "error: …".
+std::string error_status(const std::exception& e);
+
+// The layer's weights drawn (build_layer) and prepared on GPU 0 or the host (keeping the canonical
+// host form when asked). A failure comes back as error_status in `error`, not as an exception, so
+// the caller can report every point of the layer.
+PreparedWeights prepare_layer(const MoeConfig& config, uint64_t seed, int threads, bool gpu, bool keep_host_copy,
+                              std::string& error);
 
 // Fresh random inputs for one point: `tokens` rows (a multiple of point.tokens when several input
 // sets share one call), seeded by (seed, point.tokens) — the same inputs for every format and mode
