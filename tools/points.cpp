@@ -1,11 +1,12 @@
 // Points, problems, byte and flop counts. See points.h.
 #include "points.h"
 
-#include "fp4moe/errors.h"
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
 #include <random>
+
+#include "fp4moe/errors.h"
 
 namespace fp4moe::cli {
 
