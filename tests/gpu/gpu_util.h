@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "fp4moe/runner.h"
@@ -64,6 +66,39 @@ class DeviceArray {
  private:
   T* p_ = nullptr;
   size_t n_ = 0;
+};
+
+// A CUDA graph captured from whatever `enqueue(stream)` launches on a fresh non-blocking stream;
+// launch() replays it on that stream and waits. Throws on any CUDA failure.
+class CapturedGraph {
+ public:
+  template <typename F>
+  explicit CapturedGraph(F&& enqueue) {
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    enqueue(stream_);
+    check(cudaStreamEndCapture(stream_, &graph_), "cudaStreamEndCapture");
+    check(cudaGraphInstantiate(&exec_, graph_, 0), "cudaGraphInstantiate");
+  }
+  ~CapturedGraph() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  void launch() {
+    check(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch");
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+ private:
+  static void check(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+  }
+  cudaStream_t stream_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
 };
 
 }  // namespace fp4moe::testgpu

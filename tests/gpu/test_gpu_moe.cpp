@@ -269,28 +269,19 @@ TEST(GpuRunner, CudaGraphReplayWithNewInputs) {
   MoeRunner r(c, w, {.max_tokens = 64});
   DeviceInputs in(p1);
   DeviceArray<uint16_t> out(64 * 512);
-  cudaStream_t s;
-  GPU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), out.get(), 64, s);
-  GPU_CHECK(cudaStreamEndCapture(s, &graph));
-  GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  testgpu::CapturedGraph graph([&](cudaStream_t s) {
+    r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), out.get(), 64, s);
+  });
   for (const Problem* p : {static_cast<const Problem*>(&p1), static_cast<const Problem*>(&p2)}) {
     in.x.upload(p->x);
     in.ids.upload(p->ids);
     in.w.upload(p->topk_weights);
     out.fill_bytes(&testkit::kPoisonBF16, 2);
-    GPU_CHECK(cudaGraphLaunch(exec, s));
-    GPU_CHECK(cudaStreamSynchronize(s));
+    graph.launch();
     const auto o = out.download();
     const auto acc = check_against_reference(*p, o.data(), testkit::default_tolerance(c));
     EXPECT_TRUE(acc.pass) << acc.summary();
   }
-  GPU_CHECK(cudaGraphExecDestroy(exec));
-  GPU_CHECK(cudaGraphDestroy(graph));
-  GPU_CHECK(cudaStreamDestroy(s));
 }
 
 TEST(GpuRunner, TwoRunnersOnTwoStreamsAtOnce) {
@@ -366,19 +357,13 @@ TEST(GpuRunner, DirectMicroDeterministicAndInAGraph) {
   MoeRunner r(c, w, {.max_tokens = 20, .backend = Backend::kDirectMicro});
   DeviceInputs in(p);
   DeviceArray<uint16_t> out(20 * 512);
-  cudaStream_t s;
-  GPU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), out.get(), 20, s);
-  GPU_CHECK(cudaStreamEndCapture(s, &graph));
-  GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  testgpu::CapturedGraph graph([&](cudaStream_t s) {
+    r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), out.get(), 20, s);
+  });
   std::vector<uint16_t> first;
   for (int i = 0; i < 20; ++i) {
     out.fill_bytes(&testkit::kPoisonBF16, 2);
-    GPU_CHECK(cudaGraphLaunch(exec, s));
-    GPU_CHECK(cudaStreamSynchronize(s));
+    graph.launch();
     const auto o = out.download();
     if (i == 0) {
       first = o;
@@ -388,9 +373,6 @@ TEST(GpuRunner, DirectMicroDeterministicAndInAGraph) {
       ASSERT_EQ(0, std::memcmp(o.data(), first.data(), o.size() * 2)) << "replay " << i << " differs";
     }
   }
-  GPU_CHECK(cudaGraphExecDestroy(exec));
-  GPU_CHECK(cudaGraphDestroy(graph));
-  GPU_CHECK(cudaStreamDestroy(s));
 }
 
 TEST(GpuRunner, SmallCallAfterLargeCall) {
