@@ -3,10 +3,9 @@
 ``fused_moe`` and ``MoeWrapper`` follow FlashInfer's ``b12x_fused_moe`` / ``B12xMoEWrapper``
 (see :mod:`fp4moe.api` for the argument mapping). CPU tensors run the reference backend, CUDA
 tensors the GPU backends. With torch installed, ``torch.ops.fp4moe.fused_moe`` and
-``torch.ops.fp4moe.wrapper_run`` are registered (set FP4MOE_NO_TORCH=1 to skip importing torch).
+``torch.ops.fp4moe.wrapper_run`` are registered on import.
 """
 import importlib.util as _ilu
-import os as _os
 
 from . import _ext
 from ._ext import (CapacityError, CudaError, Error, InvalidArgument, LoadedLayer, MoeConfig, PreparedWeights,
@@ -15,7 +14,7 @@ from .api import (MoeWrapper, bf16_bits, bf16_to_float, fused_moe, load_gpt_oss_
 
 __version__ = "0.1.0"
 
-if not _os.environ.get("FP4MOE_NO_TORCH") and _ilu.find_spec("torch") is not None:
+if _ilu.find_spec("torch") is not None:
     from . import _torch_ops  # noqa: F401  (registers the custom ops)
 
 __all__ = ["fused_moe", "MoeWrapper", "load_modelopt_nvfp4", "load_gpt_oss_mxfp4", "bf16_bits", "bf16_to_float",
