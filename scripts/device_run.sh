@@ -2,18 +2,19 @@
 # On the GPU machine, in one call: configure, build with all cores, run every test (CPU and GPU),
 # then `fp4moe check` and `fp4moe bench` as asked, and print a short summary table last.
 #   scripts/device_run.sh [--no-tests] [--sanitize] [--bin DIR] [--stop-on-fail]
-#                         [--check "ARGS"]... [--bench "ARGS"]... [--plot]
+#                         [--check "ARGS"]... [--bench "ARGS"]... [--plot] [--python]
 # --check and --bench may be repeated; they run in the order given, their output appended to
 # check.log / bench.log (bench results go to $OUT unless ARGS name an --out-dir). --stop-on-fail skips
 # the remaining checks and benches after one exits non-zero. --bin DIR: use the fp4moe already built
 # in DIR (e.g. from a clean worktree of a commit) instead of building; needs --no-tests. --no-tests
-# builds only the command. --plot runs bench/plot.py on every .jsonl in $OUT at the end.
+# builds only the command. --plot runs bench/plot.py on every .jsonl in $OUT at the end. --python
+# installs the Python package (`pip install .`, all cores) and runs its pytest suite, GPU tests included.
 # Logs go to $OUT (or build-device/logs) so they come back with the device tool.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${OUT:-build-device/logs}
 mkdir -p "$OUTDIR"
-STEPS=() STOP_ON_FAIL=0 SANITIZE=0 TESTS=1 GTEST_FILTER="*" BIN="" PLOT=0
+STEPS=() STOP_ON_FAIL=0 SANITIZE=0 TESTS=1 GTEST_FILTER="*" BIN="" PLOT=0 PYTHON=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-tests) TESTS=0 ;;
@@ -24,6 +25,7 @@ while [ $# -gt 0 ]; do
     --stop-on-fail) STOP_ON_FAIL=1 ;;
     --bin) BIN="$2"; shift ;;
     --plot) PLOT=1 ;;
+    --python) PYTHON=1 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -82,6 +84,14 @@ if [ $PLOT -eq 1 ]; then
     python3 bench/plot.py "$f" >> "$OUTDIR/bench.log" 2>&1; rc=$?
     summary+=("plot $(basename "$f")|rc=$rc")
   done
+fi
+if [ $PYTHON -eq 1 ]; then
+  t1=$(date +%s)
+  CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install -q --no-build-isolation . > "$OUTDIR/python.log" 2>&1 \
+    && (cd python/tests && python3 -m pytest -q -rs -p no:cacheprovider .) >> "$OUTDIR/python.log" 2>&1
+  rc=$?
+  tail -25 "$OUTDIR/python.log"
+  summary+=("python|rc=$rc|$(( $(date +%s) - t1 ))s|$(tail -1 "$OUTDIR/python.log")")
 fi
 echo
 echo "| step | result |"
