@@ -19,6 +19,9 @@ struct GridBarrier {
 };
 
 __device__ __forceinline__ void grid_sync(const GridBarrier& b) {
+  // Every thread makes its own writes visible at GPU scope before the CTA arrives, rather than
+  // relying on thread 0's fence being cumulative over the CTA's writes through bar.sync.
+  __threadfence();
   __syncthreads();
   if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
     const unsigned expected = gridDim.x * gridDim.y * gridDim.z;
