@@ -6,6 +6,7 @@
 
 #include "fp4moe/errors.h"
 #include "host/gpu_backend.h"
+#include "kernels/common/fragment_layout.h"
 
 namespace fp4moe::gpu {
 namespace {
@@ -30,7 +31,14 @@ void pad_projection(const QuantizedProjection& p, int rows_pad, int k_pad, const
     }
 }
 
-// [E][rows][k/2] codes + [E][rows][k/bs] scales (rows % 16 == 0, k % 64 == 0) → fragment order.
+DeviceBuffer upload(const void* host, size_t bytes, const char* what) {
+  DeviceBuffer b(bytes, what);
+  if (bytes) FP4MOE_CUDA_CHECK(cudaMemcpy(b.get(), host, bytes, cudaMemcpyHostToDevice));
+  return b;
+}
+
+}  // namespace
+
 void to_fragment_order(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales, int experts, int rows,
                        int k, int bs, std::vector<uint8_t>& fcodes, std::vector<uint8_t>& fscales) {
   const int RT = rows / 16, KT = k / 64, sb = 64 / bs;
@@ -42,11 +50,10 @@ void to_fragment_order(const std::vector<uint8_t>& codes, const std::vector<uint
         const int64_t tile = (static_cast<int64_t>(e) * RT + rt) * KT + kt;
         uint8_t* dst = &fcodes[tile * 512];
         for (int lane = 0; lane < 32; ++lane) {
-          const int g = lane / 4, c = lane % 4;
           for (int t = 0; t < 4; ++t)
             for (int b = 0; b < 4; ++b) {
-              const int row = rt * 16 + g + (b & 1) * 8;
-              const int kk = kt * 64 + 16 * t + (b >> 1) * 8 + 2 * c;  // even: the byte holds kk, kk+1
+              const kernels::FragmentSource src = kernels::weight_fragment_source(lane, t, b);
+              const int row = rt * 16 + src.row, kk = kt * 64 + src.k;  // even: the byte holds kk, kk+1
               dst[lane * 16 + t * 4 + b] = codes[(static_cast<int64_t>(e) * rows + row) * (k / 2) + kk / 2];
             }
         }
@@ -56,14 +63,6 @@ void to_fragment_order(const std::vector<uint8_t>& codes, const std::vector<uint
                 scales[(static_cast<int64_t>(e) * rows + rt * 16 + r) * (k / bs) + kt * sb + j];
       }
 }
-
-DeviceBuffer upload(const void* host, size_t bytes, const char* what) {
-  DeviceBuffer b(bytes, what);
-  if (bytes) FP4MOE_CUDA_CHECK(cudaMemcpy(b.get(), host, bytes, cudaMemcpyHostToDevice));
-  return b;
-}
-
-}  // namespace
 
 std::shared_ptr<const DeviceWeights> upload_weights(const MoeConfig& c, const QuantizedCheckpoint& w, int device) {
   int count = 0;

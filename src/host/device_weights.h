@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "fp4moe/config.h"
 #include "host/cuda_check.h"
@@ -35,6 +36,11 @@ struct DeviceWeights {
   DeviceBuffer w13_frag, w13_frag_scales, w2_frag, w2_frag_scales;
   size_t bytes = 0;      // total device bytes
 };
+
+// [E][rows][k/2] codes + [E][rows][k/bs] scales (rows % 16 == 0, k % 64 == 0) → the fragment order
+// above (fcodes, fscales).
+void to_fragment_order(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales, int experts, int rows,
+                       int k, int bs, std::vector<uint8_t>& fcodes, std::vector<uint8_t>& fscales);
 
 // Padding granularity of H and I in the device layouts (the generic GEMM's tile sizes).
 inline constexpr int kPadH = 64;

@@ -35,6 +35,7 @@
 #include "fp4moe/activation.h"
 #include "kernels/common/dequant.cuh"
 #include "kernels/common/epilogue.cuh"
+#include "kernels/common/fragment_layout.h"
 #include "kernels/common/grid_barrier.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/quantize.cuh"
@@ -93,13 +94,6 @@ struct Smem {
   uint32_t scale2[256][32];    // scale byte → bf16x2 (both halves)
   float h[kWarps][1][32];      // FC1 epilogue staging, per warp
 };
-
-// Logical column w (0..63) of a 64-column chunk → its position in the permuted chunk.
-__device__ __forceinline__ int permuted(int w) {
-  const int t = w >> 4, r = w & 15, half = r >> 3, c = (r & 7) >> 1, e = r & 1;
-  return c * 16 + t * 4 + half * 2 + e;
-}
-__device__ __forceinline__ int64_t permuted_col(int col) { return (col & ~63) + permuted(col & 63); }
 
 __device__ __forceinline__ int local_expert(const Params& p, int r) {
   const int64_t id = p.ids_int64 ? static_cast<const int64_t*>(p.ids)[r] : static_cast<const int32_t*>(p.ids)[r];
@@ -303,17 +297,12 @@ __device__ __forceinline__ void store_partials(const Params& p, const Smem& sm, 
 }
 
 // How many k-chunks to cut a reduction of KT k-tiles into so that `tiles` independent weight row
-// tiles (× chunks) give every warp of the grid about four items. Depends only on the layer shape,
+// tiles (× chunks) give every warp of the grid about four items (fragment_layout.h). Depends only on the layer shape,
 // the grid and the number of touched experts — not on the route count or the workspace — so a
 // route's result does not depend on which other routes share the call (what lets the expert-
 // parallel path equal the plain one bit for bit).
 __device__ __forceinline__ int k_chunks(int tiles, int KT) {
-  const int target = 4 * gridDim.x * kWarps;
-  const int kc = max(min(min((target + tiles - 1) / max(tiles, 1), KT), kMaxKChunks), 1);
-  // Chunks of ceil(KT / kc) tiles: return how many that really makes, so no chunk is empty (an
-  // empty chunk would leave its partial sums unwritten yet summed).
-  const int per = (KT + kc - 1) / kc;
-  return (KT + per - 1) / per;
+  return k_chunk_count(tiles, KT, 4 * gridDim.x * kWarps, kMaxKChunks);
 }
 
 // Phase 1 item: FC1 partial sums of one 16-row tile pair (up + gate; relu2: one tile) of expert
