@@ -38,15 +38,6 @@ struct BenchContext {
   cudaStream_t stream = nullptr;
 };
 
-std::string utc_now(const char* format) {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof buf, format, &tm);
-  return buf;
-}
-
 // Bytes (mean over the sets), flops, and the floor where there are ceilings.
 void fill_counts(BenchRow& row, const MoeConfig& c, const testkit::Inputs& in, int sets, const BenchContext& ctx) {
   const int64_t T = row.point.tokens;

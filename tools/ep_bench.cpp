@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "report.h"
 #include "fp4moe/ep.h"
 #include "fp4moe/fp4moe.h"
 #include "points.h"
@@ -120,15 +121,6 @@ struct EpRow {
   int64_t sent = 0, received = 0, rows_computed = 0;  // the largest rank's
 };
 
-std::string utc(const char* f) {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof buf, f, &tm);
-  return buf;
-}
-
 }  // namespace
 
 int run_ep_bench(const Args& args) {
@@ -143,7 +135,7 @@ int run_ep_bench(const Args& args) {
   std::vector<EpStrategy> strategies;
   if (args.ep_strategy == "both") strategies = {EpStrategy::kAllGatherReduceScatter, EpStrategy::kAllToAll};
   else strategies = {parse_ep_strategy(args.ep_strategy, "--ep-strategy")};
-  const std::string run = args.run_name.empty() ? "bench-ep" + std::to_string(n) + "-" + utc("%Y%m%d-%H%M%S")
+  const std::string run = args.run_name.empty() ? "bench-ep" + std::to_string(n) + "-" + utc_now("%Y%m%d-%H%M%S")
                                                 : args.run_name;
   std::filesystem::create_directories(args.out_dir);
   const std::string jsonl = args.out_dir + "/" + run + ".jsonl";

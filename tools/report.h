@@ -39,6 +39,9 @@ struct BenchRow {
 };
 
 // The table printed to stdout and written into the .md.
+// The current UTC time formatted by strftime(format).
+std::string utc_now(const char* format);
+
 std::string markdown_table(const std::vector<BenchRow>& rows, bool gpu);
 // One JSON object per line: the run header first ("type":"run"), then rows ("type":"row").
 std::string json_header(const RunFacts& f);
