@@ -24,7 +24,10 @@ class GpuRunner final : public Runner {
                    ", runner on device ", device);
     DeviceGuard guard(device_);
     generic_ = std::make_unique<GenericWorkspace>(c, *w_, o.max_tokens);
-    if (direct_micro_supports(c, 1, nullptr)) dm_ = std::make_unique<DirectMicroWorkspace>(c, *w_, o.max_tokens);
+    // direct_micro's workspace only where a call can reach it: forced, or picked by kAuto.
+    const bool dm_reachable = o.backend == Backend::kDirectMicro || kDirectMicroMaxRoutes > 0;
+    if (dm_reachable && direct_micro_supports(c, 1, nullptr))
+      dm_ = std::make_unique<DirectMicroWorkspace>(c, *w_, o.max_tokens);
   }
 
   Backend select(int64_t T) const override {
@@ -38,7 +41,7 @@ class GpuRunner final : public Runner {
       case Backend::kGeneric: return true;
       case Backend::kDirectMicro:
         if (!dm_) {
-          if (why) *why = "direct_micro is not available for this config";
+          if (why) *why = "direct_micro is only built for runners created with backend = kDirectMicro";
           return false;
         }
         return direct_micro_supports(c_, T, why);
