@@ -30,6 +30,7 @@
 
 #include <cub/block/block_scan.cuh>
 #include <cuda_bf16.h>
+#include <cstddef>
 #include <cstdint>
 
 #include "fp4moe/activation.h"
@@ -90,10 +91,12 @@ struct Smem {
   // Lookup tables replicated once per bank: entry b of lane l at [b][l], so the 32 lanes of a warp
   // looking up 32 arbitrary bytes hit 32 different banks (a single 256-entry table serialises up to
   // 32 ways, and these lookups run once per two weights).
-  uint32_t e2m1x2[256][32];    // E2M1 byte → bf16x2
-  uint32_t scale2[256][32];    // scale byte → bf16x2 (both halves)
+  alignas(16) uint32_t e2m1x2[256][32];  // E2M1 byte → bf16x2 (filled with 16-byte stores)
+  alignas(16) uint32_t scale2[256][32];  // scale byte → bf16x2 (both halves)
   float h[kWarps][1][32];      // FC1 epilogue staging, per warp
 };
+static_assert(offsetof(Smem, e2m1x2) % 16 == 0 && offsetof(Smem, scale2) % 16 == 0,
+              "the lookup tables are filled with 16-byte stores");
 
 __device__ __forceinline__ int local_expert(const Params& p, int r) {
   const int64_t id = p.ids_int64 ? static_cast<const int64_t*>(p.ids)[r] : static_cast<const int32_t*>(p.ids)[r];
