@@ -89,10 +89,12 @@ BenchRow bench_point_cpu(const Point& point, const PreparedWeights& weights, con
   return row;
 }
 
-BenchRow bench_point_gpu(const Point& point, const PreparedWeights& weights, const BenchContext& ctx) {
+// Times `point` on `backend`, and the peers when `peers` (once per point, with the first backend).
+BenchRow bench_point_gpu(const Point& point, const PreparedWeights& weights, const BenchContext& ctx, Backend backend,
+                         bool peers) {
   BenchRow row;
   row.point = point;
-  row.backend = std::string(to_string(ctx.args.backend));
+  row.backend = std::string(to_string(backend));
   const MoeConfig c = point.config();
   const int64_t T = point.tokens;
   // Input sets rotated between calls; at most 32 Ki tokens in all (host and device memory).
@@ -113,7 +115,7 @@ BenchRow bench_point_gpu(const Point& point, const PreparedWeights& weights, con
   try {
     RunnerOptions ro;
     ro.max_tokens = T;
-    ro.backend = ctx.args.backend;
+    ro.backend = backend;
     MoeRunner runner(c, weights, ro);
     row.backend = std::string(to_string(runner.plan(T)));
     auto call = [&](cudaStream_t s, int set) {
@@ -131,7 +133,7 @@ BenchRow bench_point_gpu(const Point& point, const PreparedWeights& weights, con
   }
 
   // The cuBLAS bf16 peer on the same inputs.
-  if (ctx.args.peer) {
+  if (ctx.args.peer && peers) {
     try {
       std::vector<const int32_t*> ids_sets;
       std::vector<const float*> w_sets;
@@ -243,20 +245,23 @@ int run_bench(const Args& args) {
       std::fprintf(stderr, "[%zu/%zu] %s %s %s T=%lld ...\n", ++done, points.size(), p.shape.name.c_str(),
                    std::string(to_string(p.format)).c_str(), std::string(to_string(p.mode)).c_str(),
                    static_cast<long long>(p.tokens));
-      if (!layer_error.empty()) {
-        BenchRow row;
-        row.point = p;
-        row.backend = gpu ? std::string(to_string(args.backend)) : "reference (cpu)";
-        row.status = layer_error;
-        rows.push_back(row);
-      } else {
-        rows.push_back(gpu ? bench_point_gpu(p, weights, ctx) : bench_point_cpu(p, weights, ctx));
+      const std::vector<Backend> backends = gpu ? args.backends : std::vector<Backend>{Backend::kReference};
+      for (size_t bi = 0; bi < backends.size(); ++bi) {
+        if (!layer_error.empty()) {
+          BenchRow row;
+          row.point = p;
+          row.backend = gpu ? std::string(to_string(backends[bi])) : "reference (cpu)";
+          row.status = layer_error;
+          rows.push_back(row);
+        } else {
+          rows.push_back(gpu ? bench_point_gpu(p, weights, ctx, backends[bi], bi == 0) : bench_point_cpu(p, weights, ctx));
+        }
+        if (rows.back().status.rfind("error", 0) == 0) ++errors;
+        append_file(base + ".jsonl", json_row(f, rows.back()) + "\n");
+        const std::string table = markdown_table({rows.back()}, gpu);  // header line, rule line, the row
+        const size_t row_start = table.find('\n', table.find('\n') + 1) + 1;
+        std::fprintf(stderr, "  %s", table.substr(row_start).c_str());
       }
-      if (rows.back().status.rfind("error", 0) == 0) ++errors;
-      append_file(base + ".jsonl", json_row(f, rows.back()) + "\n");
-      const std::string table = markdown_table({rows.back()}, gpu);  // header line, rule line, the row
-      const size_t row_start = table.find('\n', table.find('\n') + 1) + 1;
-      std::fprintf(stderr, "  %s", table.substr(row_start).c_str());
     }
   }
   if (ctx.stream) (void)cudaStreamDestroy(ctx.stream);

@@ -118,7 +118,8 @@ std::string usage() {
         "  --format LIST        nvfp4, mxfp4 (default nvfp4)\n"
         "  --mode LIST          a4, a16, a8 (default a4)\n"
         "  --bias               per-expert biases b13, b2\n"
-        "  --backend NAME       auto, reference, generic, direct_micro, micro, static, dynamic (default auto)\n"
+        "  --backend NAME       auto, reference, generic, direct_micro, micro, static, dynamic (default auto);\n"
+        "                       bench takes a comma list and times every point on each\n"
         "  --device cpu|cuda    default: cuda when a GPU is present, else cpu\n"
         "  --seed N             random data (check default 1; bench default fresh, printed in the command)\n"
         "  --threads N          host threads for generation and the reference (default all)\n"
@@ -245,7 +246,13 @@ Args parse_args(int argc, char** argv) {
       a.formats.push_back(parse_weight_format(f, "--format"));
     for (const std::string& m : split_list("--mode", has("--mode") ? v["--mode"] : "a4"))
       a.modes.push_back(parse_act_mode(m, "--mode"));
-    if (has("--backend")) a.backend = parse_backend(v["--backend"], "--backend");
+    if (has("--backend")) {
+      a.backends.clear();
+      for (const std::string& b : split_list("--backend", v["--backend"])) a.backends.push_back(parse_backend(b, "--backend"));
+      if (a.command != "bench" && a.backends.size() > 1)
+        throw UsageError("--backend: only bench takes a list (got '" + v["--backend"] + "')");
+      a.backend = a.backends.front();
+    }
   } catch (const Error& e) {
     throw UsageError(e.what());
   }

@@ -35,7 +35,8 @@ struct Args {
   std::vector<WeightFormat> formats;
   std::vector<ActMode> modes;
   bool bias = false;
-  Backend backend = Backend::kAuto;
+  Backend backend = Backend::kAuto;   // the first of `backends`
+  std::vector<Backend> backends{Backend::kAuto};  // bench: each point is timed on each, in order
   DeviceChoice device = DeviceChoice::kAuto;
   std::optional<uint64_t> seed;        // bench default: fresh per run (and written into the command)
   std::string out_dir = "bench/results";

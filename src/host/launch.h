@@ -37,7 +37,7 @@ struct DirectMicroWorkspace {
   size_t bytes() const;
   int max_routes = 0;  // routes (T·K) this workspace holds
   int grid = 0;        // co-resident CTAs of the compiled kernel on this device
-  DeviceBuffer a1, a2, p1, p2, barrier;
+  DeviceBuffer a1, a2, barrier;
 };
 bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why);
 void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicroWorkspace& ws, const RunArgs& a);

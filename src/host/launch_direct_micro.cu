@@ -24,34 +24,44 @@ bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why)
   return true;
 }
 
+namespace {
+// The two compiled variants: kG = 1 route group of 8 per weight pass (T ≤ 8: an expert then has at
+// most 8 routes unless a token names it twice) and kG = 2.
+constexpr int kSmallT = 8;
+void* kernel_for(int64_t tokens) {
+  return tokens <= kSmallT ? reinterpret_cast<void*>(dm::direct_micro_kernel<1>)
+                           : reinterpret_cast<void*>(dm::direct_micro_kernel<2>);
+}
+}  // namespace
+
 DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens) {
   max_routes = static_cast<int>(std::min<int64_t>(max_tokens * c.top_k, dm::kMaxRoutes));
   // Row max_routes of a1 and a2 is the zero row that idle lanes of a route group read.
   a1 = DeviceBuffer(static_cast<size_t>(max_routes + 1) * w.h_pad * 2, "workspace.dm_a1");
   a2 = DeviceBuffer(static_cast<size_t>(max_routes + 1) * w.i_pad * 2, "workspace.dm_a2");
-  // Partial sums: up to kMaxKChunks k-chunks per route.
-  const size_t rows = static_cast<size_t>(dm::kMaxKChunks) * max_routes;
-  p1 = DeviceBuffer(rows * w.n1_pad * 4, "workspace.dm_p1");
-  p2 = DeviceBuffer(rows * w.h_pad * 4, "workspace.dm_p2");
   barrier = DeviceBuffer(2 * sizeof(unsigned), "workspace.dm_barrier");
   FP4MOE_CUDA_CHECK(cudaMemset(a1.get(), 0, a1.bytes()));
   FP4MOE_CUDA_CHECK(cudaMemset(a2.get(), 0, a2.bytes()));
   FP4MOE_CUDA_CHECK(cudaMemset(barrier.get(), 0, barrier.bytes()));
-  // The kernel's shared memory (replicated lookup tables) is past the 48 KB default.
-  FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(dm::direct_micro_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(sizeof(dm::Smem))));
-  int sms = 0, per_sm = 0;
+  int sms = 0;
   FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, w.device));
-  FP4MOE_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dm::direct_micro_kernel, dm::kThreads, sizeof(dm::Smem)));
+  // One grid for both variants: the smaller of their co-resident CTA counts.
+  int per_sm = dm::kBlocksPerSm;
+  for (int64_t t : {int64_t{1}, int64_t{kSmallT + 1}}) {
+    const void* k = kernel_for(t);
+    // The kernel's shared memory (lookup tables, routing, sums) is past the 48 KB default.
+    FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(sizeof(dm::Smem))));
+    int n = 0;
+    FP4MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, dm::kThreads, sizeof(dm::Smem)));
+    per_sm = std::min(per_sm, n);
+  }
   FP4MOE_REQUIRE(per_sm >= 1, Unsupported, "backend", "direct_micro cannot be resident on this device");
   grid = sms * per_sm;
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());  // the memsets are done before any stream uses the buffers
 }
 
-size_t DirectMicroWorkspace::bytes() const {
-  return a1.bytes() + a2.bytes() + p1.bytes() + p2.bytes() + barrier.bytes();
-}
+size_t DirectMicroWorkspace::bytes() const { return a1.bytes() + a2.bytes() + barrier.bytes(); }
 
 void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicroWorkspace& ws, const RunArgs& a) {
   dm::Params p{};
@@ -81,14 +91,12 @@ void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicro
   p.b2 = c.has_bias ? w.b2.get<float>() : nullptr;
   p.a1 = ws.a1.get<__nv_bfloat16>();
   p.a2 = ws.a2.get<__nv_bfloat16>();
-  p.p1 = ws.p1.get<float>();
-  p.p2 = ws.p2.get<float>();
   p.zero_row = ws.max_routes;
   p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
   p.out = a.out;
   p.out_fp32 = c.output_dtype == OutputDType::kFP32;
   void* args[] = {&p};
-  FP4MOE_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(dm::direct_micro_kernel), ws.grid,
+  FP4MOE_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_for(a.tokens), ws.grid,
                                                 dm::kThreads, args, sizeof(dm::Smem), a.stream));
 }
 

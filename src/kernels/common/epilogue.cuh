@@ -17,6 +17,12 @@ __device__ __forceinline__ void store_out4(void* out, bool out_fp32, int64_t o, 
   }
 }
 
+// out[o] = s, as fp32 or bf16 (round to nearest even).
+__device__ __forceinline__ void store_out1(void* out, bool out_fp32, int64_t o, float s) {
+  if (out_fp32) static_cast<float*>(out)[o] = s;
+  else static_cast<__nv_bfloat16*>(out)[o] = __float2bfloat16_rn(s);
+}
+
 __device__ __forceinline__ void add4(float4& s, const float4& v) { s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w; }
 
 }  // namespace fp4moe::kernels
