@@ -8,12 +8,11 @@
 namespace fp4moe::gpu {
 namespace {
 
-// Decode cutover. kAuto sends every call to `generic` for now: `direct_micro` passed the small-shape
-// GPU tests but failed model-scale checks in the runs of 2026-12-02 (bench/results/NOTES.md), and its
-// fixed version (commit 258de6e) has not run on a GPU yet. It stays available as a forced backend;
-// when it passes `GpuEdge.DecodeAtModelScaleOnOneRunner` and `fp4moe check --model all`, the measured
-// sweep sets this threshold (issue #4).
-constexpr int64_t kDirectMicroMaxRoutes = 0;
+// Decode cutover: direct_micro up to this many routes (T·K, its capacity), generic above. Source:
+// bench/results/h200-decode-sweep-20261202.md — direct_micro (commit "direct_micro v2") was 1.6–4.0×
+// faster than generic at every point of T = 1…64 on qwen3-30b-a3b, mixtral-8x7b, gpt-oss-120b and
+// llama4-scout (T·K up to 512), and passed `fp4moe check` on five named shapes at T = 1, 7, 64.
+constexpr int64_t kDirectMicroMaxRoutes = 512;
 
 class GpuRunner final : public Runner {
  public:
@@ -25,7 +24,8 @@ class GpuRunner final : public Runner {
     DeviceGuard guard(device_);
     generic_ = std::make_unique<GenericWorkspace>(c, *w_, o.max_tokens);
     // direct_micro's workspace only where a call can reach it: forced, or picked by kAuto.
-    const bool dm_reachable = o.backend == Backend::kDirectMicro || kDirectMicroMaxRoutes > 0;
+    const bool dm_reachable =
+        o.backend == Backend::kDirectMicro || (o.backend == Backend::kAuto && kDirectMicroMaxRoutes > 0);
     if (dm_reachable && direct_micro_supports(c, 1, nullptr))
       dm_ = std::make_unique<DirectMicroWorkspace>(c, *w_, o.max_tokens);
   }

@@ -21,6 +21,7 @@ struct RunArgs {
   void* out;
   int64_t tokens;
   cudaStream_t stream;
+  unsigned long long* trace = nullptr;  // diagnostics of kernels that support it (direct_micro: per-phase stamps)
 };
 
 // ---- generic: routing pre-pass + grouped GEMMs + combine (any shape) ---------------------------
@@ -39,6 +40,9 @@ struct DirectMicroWorkspace {
   int grid = 0;        // co-resident CTAs of the compiled kernel on this device
   DeviceBuffer a1, a2, barrier;
 };
+// RunArgs::trace of direct_micro: [grid][kDirectMicroTraceStamps] %globaltimer stamps per CTA (start, setup,
+// phase 0, barrier, phase 1, barrier, end).
+inline constexpr int kDirectMicroTraceStamps = 7;
 bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why);
 void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicroWorkspace& ws, const RunArgs& a);
 

@@ -11,6 +11,7 @@
 namespace fp4moe::gpu {
 
 namespace dm = kernels::direct_micro;
+static_assert(kDirectMicroTraceStamps == dm::kTraceStamps);
 
 bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why) {
   if (tokens * c.top_k > dm::kMaxRoutes) {
@@ -95,6 +96,7 @@ void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicro
   p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
   p.out = a.out;
   p.out_fp32 = c.output_dtype == OutputDType::kFP32;
+  p.trace = a.trace;
   void* args[] = {&p};
   FP4MOE_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_for(a.tokens), ws.grid,
                                                 dm::kThreads, args, sizeof(dm::Smem), a.stream));

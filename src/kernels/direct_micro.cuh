@@ -75,7 +75,9 @@ struct Params {
   GridBarrier barrier;
   void* out;
   bool out_fp32;
+  unsigned long long* trace;  // diagnostics: null, or [grid][kTraceStamps] %globaltimer stamps per CTA
 };
+inline constexpr int kTraceStamps = 7;  // start, setup, phase 0, barrier, phase 1, barrier, end
 
 struct Smem {
   int count[kMaxExperts];      // routes per local expert, then the expert's slot in `touched`
@@ -99,6 +101,14 @@ __device__ __forceinline__ int local_expert(const Params& p, int r) {
   const int64_t id = p.ids_int64 ? static_cast<const int64_t*>(p.ids)[r] : static_cast<const int32_t*>(p.ids)[r];
   const int64_t e = id - p.first;
   return (e >= 0 && e < p.experts) ? static_cast<int>(e) : -1;
+}
+
+__device__ __forceinline__ void stamp(const Params& p, int i) {
+  if (p.trace != nullptr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    p.trace[blockIdx.x * kTraceStamps + i] = t;
+  }
 }
 
 __device__ __forceinline__ uint4 ld_stream(const uint4* ptr) {  // read once: skip L1
@@ -428,9 +438,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gwarp = blockIdx.x * kWarps + warp, nwarps = gridDim.x * kWarps;
+  stamp(p, 0);
   fill_tables(p, sm);
   build_routing(p, sm);
   const int nt = sm.num_touched;
+  stamp(p, 1);
 
   // Phase 0: quantise each routed row of x with its expert's FC1 input scale, by route index.
   for (int r = gwarp; r < p.routes; r += nwarps) {
@@ -440,7 +452,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
     if (quant_block(p.q) == 16) quantize_row<16>(p, r, g, lane);
     else quantize_row<32>(p, r, g, lane);
   }
+  stamp(p, 2);
   grid_sync(p.barrier);
+  stamp(p, 3);
 
   // Phase 1: FC1 + epilogue per (expert, 32 intermediate columns), expert-major so neighbouring
   // CTAs stream neighbouring weight rows.
@@ -449,11 +463,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
     if (p.gated) fc1_item<kG, true>(p, sm, item / C32, item % C32);
     else fc1_item<kG, false>(p, sm, item / C32, item % C32);
   }
+  stamp(p, 4);
   grid_sync(p.barrier);
+  stamp(p, 5);
 
   // Phase 2: FC2 + top-k sum per 16 output columns.
   const int KC2 = fc2_chunks(nt, p.i_pad / 64, p.routes);
   for (int rt = blockIdx.x; rt < p.h_pad / 16; rt += gridDim.x) fc2_item<kG>(p, sm, rt, KC2);
+  stamp(p, 6);
 }
 
 }  // namespace fp4moe::kernels::direct_micro

@@ -341,8 +341,10 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
   const Problem p = testkit::make_problem({c, 4, 71});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
   MoeRunner r(c, w, {.max_tokens = 4096});
-  // kAuto: generic everywhere until direct_micro is verified at model scale (gpu_runner.cpp).
-  for (int64_t T : {1, 64, 65, 4096}) EXPECT_EQ(r.plan(T), Backend::kGeneric) << T;
+  // kAuto: direct_micro up to its 512 routes, generic above (gpu_runner.cpp, the measured sweep).
+  for (int64_t T : {1, 8, 64}) EXPECT_EQ(r.plan(T), Backend::kDirectMicro) << T;
+  for (int64_t T : {65, 4096}) EXPECT_EQ(r.plan(T), Backend::kGeneric) << T;
+  EXPECT_EQ(MoeRunner(c, w, {.max_tokens = 64, .backend = Backend::kGeneric}).plan(1), Backend::kGeneric);
   MoeRunner forced(c, w, {.max_tokens = 4096, .backend = Backend::kDirectMicro});
   EXPECT_EQ(forced.plan(64), Backend::kDirectMicro);  // 512 routes: its capacity
   EXPECT_THROW(forced.plan(65), Unsupported);         // 520 routes
