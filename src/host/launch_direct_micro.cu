@@ -26,12 +26,18 @@ bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why)
 }
 
 namespace {
-// The two compiled variants: kG = 1 route group of 8 per weight pass (T ≤ 8: an expert then has at
-// most 8 routes unless a token names it twice) and kG = 2.
+// The compiled variants: kG = 1 route group of 8 per weight pass (T ≤ 8: an expert then has at most
+// 8 routes unless a token names it twice) or 2; kF16 for NVFP4 weights with NVFP4 activations (a4).
 constexpr int kSmallT = 8;
-void* kernel_for(int64_t tokens) {
-  return tokens <= kSmallT ? reinterpret_cast<void*>(dm::direct_micro_kernel<1>)
-                           : reinterpret_cast<void*>(dm::direct_micro_kernel<2>);
+bool f16_path(const MoeConfig& c) {
+  return kernels::quant_kind(c.format, c.mode) == kernels::QuantKind::kNvfp4;
+}
+void* kernel_for(int64_t tokens, bool f16) {
+  if (f16)
+    return tokens <= kSmallT ? reinterpret_cast<void*>(dm::direct_micro_kernel<1, true>)
+                             : reinterpret_cast<void*>(dm::direct_micro_kernel<2, true>);
+  return tokens <= kSmallT ? reinterpret_cast<void*>(dm::direct_micro_kernel<1, false>)
+                           : reinterpret_cast<void*>(dm::direct_micro_kernel<2, false>);
 }
 }  // namespace
 
@@ -49,7 +55,7 @@ DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeigh
   // One grid for both variants: the smaller of their co-resident CTA counts.
   int per_sm = dm::kBlocksPerSm;
   for (int64_t t : {int64_t{1}, int64_t{kSmallT + 1}}) {
-    const void* k = kernel_for(t);
+    const void* k = kernel_for(t, f16_path(c));
     // The kernel's shared memory (lookup tables, routing, sums) is past the 48 KB default.
     FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(sizeof(dm::Smem))));
@@ -98,7 +104,7 @@ void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicro
   p.out_fp32 = c.output_dtype == OutputDType::kFP32;
   p.trace = a.trace;
   void* args[] = {&p};
-  FP4MOE_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_for(a.tokens), ws.grid,
+  FP4MOE_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_for(a.tokens, f16_path(c)), ws.grid,
                                                 dm::kThreads, args, sizeof(dm::Smem), a.stream));
 }
 

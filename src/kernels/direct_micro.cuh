@@ -28,6 +28,7 @@
 
 #include <cub/block/block_scan.cuh>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cstddef>
 #include <cstdint>
 
@@ -119,6 +120,11 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* ptr) {  // read once: sk
   return v;
 }
 
+__device__ __forceinline__ uint32_t hmul2_f16(uint32_t a, uint32_t b) {
+  __half2 r = __hmul2(*reinterpret_cast<__half2*>(&a), *reinterpret_cast<__half2*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
   return *reinterpret_cast<uint32_t*>(&r);
@@ -183,33 +189,43 @@ __device__ void fill_tables(const Params& p, Smem& sm) {
   }
 }
 
-// Phase 0: one routed row per warp.
-template <int kBlock>
-__device__ void quantize_row(const Params& p, int r, float g, int lane) {
+// Activations as the GEMMs read them: bf16, or f16 on the NVFP4-a4 path (kF16), where every value
+// (E2M1 code × E4M3 block scale) is exact in both.
+template <bool kF16>
+__device__ __forceinline__ void store_act(__nv_bfloat16* dst, long long i, __nv_bfloat16 v) {
+  if constexpr (kF16) {
+    const __half h = __float2half_rn(__bfloat162float(v));
+    reinterpret_cast<__half*>(dst)[i] = h;
+  } else {
+    dst[i] = v;
+  }
+}
+
+// Phase 0 item: block b (kBlock columns) of routed row r: A1[r] = Q1(x[t]).
+template <int kBlock, bool kF16>
+__device__ void quantize_block(const Params& p, int r, int b, float g) {
   const int t = r / p.top_k;
   const __nv_bfloat16* xr = p.x + static_cast<int64_t>(t) * p.hidden;
   __nv_bfloat16* dst = p.a1 + static_cast<int64_t>(r) * p.h_pad;
-  for (int b = lane; b < p.h_pad / kBlock; b += 32) {
-    float v[kBlock];
-    __nv_bfloat16 q[kBlock];
-    const bool inside = b * kBlock < p.hidden;
+  float v[kBlock];
+  __nv_bfloat16 q[kBlock];
+  const bool inside = b * kBlock < p.hidden;
 #pragma unroll
-    for (int i = 0; i < kBlock; i += 8) {
-      uint4 raw = inside ? *reinterpret_cast<const uint4*>(xr + b * kBlock + i) : make_uint4(0, 0, 0, 0);
-      const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
+  for (int i = 0; i < kBlock; i += 8) {
+    uint4 raw = inside ? *reinterpret_cast<const uint4*>(xr + b * kBlock + i) : make_uint4(0, 0, 0, 0);
+    const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[i + j] = __bfloat162float(h[j]);
-    }
-    quant_dequant_block<kBlock>(p.q, v, g, q);
-#pragma unroll
-    for (int i = 0; i < kBlock; ++i) dst[permuted_col(b * kBlock + i)] = q[i];
+    for (int j = 0; j < 8; ++j) v[i + j] = __bfloat162float(h[j]);
   }
+  quant_dequant_block<kBlock>(p.q, v, g, q);
+#pragma unroll
+  for (int i = 0; i < kBlock; ++i) store_act<kF16>(dst, permuted_col(b * kBlock + i), q[i]);
 }
 
 // Streams kS weight row tiles of one expert over KT k-tiles (kU at a time), against kG groups of
 // routed rows. w[s]/sc[s]: the first k-tile's code and scale pointers of stream s; brow[q]: this
 // lane's B row of group q. acc[s][q]: m16n8 accumulators.
-template <int kS, int kU, int kG>
+template <int kS, int kU, int kG, bool kF16>
 __device__ __forceinline__ void stream_gemm(const Params& p, const Smem& sm, const uint4* const (&w)[kS],
                                             const uint8_t* const (&sc)[kS], int KT,
                                             const __nv_bfloat16* const (&brow)[kG], float (&acc)[kS][kG][4]) {
@@ -253,20 +269,34 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem& sm, con
 #pragma unroll
         for (int s = 0; s < kS; ++s) {
           const uint32_t word = t == 0 ? wv[u][s].x : t == 1 ? wv[u][s].y : t == 2 ? wv[u][s].z : wv[u][s].w;
-          const uint32_t s_lo = sm.scale2[(slo[u][s] >> (8 * j)) & 0xFF][g];
-          const uint32_t s_hi = sm.scale2[(shi[u][s] >> (8 * j)) & 0xFF][g];
           uint32_t a[4];
-          a[0] = bf16x2_mul(sm.e2m1x2[word & 0xFF][lane], s_lo);          // row g,   k 2c
-          a[1] = bf16x2_mul(sm.e2m1x2[(word >> 8) & 0xFF][lane], s_hi);   // row g+8, k 2c
-          a[2] = bf16x2_mul(sm.e2m1x2[(word >> 16) & 0xFF][lane], s_lo);  // row g,   k 2c+8
-          a[3] = bf16x2_mul(sm.e2m1x2[word >> 24][lane], s_hi);           // row g+8, k 2c+8
+          if constexpr (kF16) {
+            // E2M1 nibble (s e1 e0 m) → E4M3 byte (s 0 0 e1 e0 m 0 0), whose value is the code × 2^-6
+            // (the kernel multiplies alpha by 2^6); then one exact E4M3x2 → f16x2 conversion per register.
+            const uint32_t lo = e2m1_lo_as_e4m3(word), hi = e2m1_hi_as_e4m3(word);  // k, k + 1 of each byte
+            const uint32_t x01 = ptx::prmt(lo, hi, 0x5140), x23 = ptx::prmt(lo, hi, 0x7362);
+            const uint32_t s_lo = ptx::e4m3x2_to_f16x2<false>(ptx::prmt(slo[u][s], 0, t * 0x11));  // (s, s)
+            const uint32_t s_hi = ptx::e4m3x2_to_f16x2<false>(ptx::prmt(shi[u][s], 0, t * 0x11));
+            a[0] = hmul2_f16(ptx::e4m3x2_to_f16x2<false>(x01), s_lo);  // row g,   k 2c
+            a[1] = hmul2_f16(ptx::e4m3x2_to_f16x2<true>(x01), s_hi);   // row g+8, k 2c
+            a[2] = hmul2_f16(ptx::e4m3x2_to_f16x2<false>(x23), s_lo);  // row g,   k 2c+8
+            a[3] = hmul2_f16(ptx::e4m3x2_to_f16x2<true>(x23), s_hi);   // row g+8, k 2c+8
+          } else {
+            const uint32_t s_lo = sm.scale2[(slo[u][s] >> (8 * j)) & 0xFF][g];
+            const uint32_t s_hi = sm.scale2[(shi[u][s] >> (8 * j)) & 0xFF][g];
+            a[0] = bf16x2_mul(sm.e2m1x2[word & 0xFF][lane], s_lo);          // row g,   k 2c
+            a[1] = bf16x2_mul(sm.e2m1x2[(word >> 8) & 0xFF][lane], s_hi);   // row g+8, k 2c
+            a[2] = bf16x2_mul(sm.e2m1x2[(word >> 16) & 0xFF][lane], s_lo);  // row g,   k 2c+8
+            a[3] = bf16x2_mul(sm.e2m1x2[word >> 24][lane], s_hi);           // row g+8, k 2c+8
+          }
 #pragma unroll
           for (int q = 0; q < kG; ++q) {
             const uint4& lo = bv[u][q][t >> 1];
             uint32_t b[2];
             b[0] = (t & 1) ? lo.z : lo.x;
             b[1] = (t & 1) ? lo.w : lo.y;
-            ptx::mma_bf16_16816(acc[s][q], a, b);
+            if constexpr (kF16) ptx::mma_f16_16816(acc[s][q], a, b);
+            else ptx::mma_bf16_16816(acc[s][q], a, b);
           }
         }
       }
@@ -290,7 +320,7 @@ __device__ __forceinline__ void group_rows(const Params& p, const Smem& sm, cons
 // Phase 1 item: expert slot u, intermediate columns [32·cb, 32·cb + 32). Gated: four weight row
 // tiles (up 2cb, 2cb+1; gate the same past i_pad); relu2: two. Warp w reduces k-tiles
 // [w·per, (w+1)·per) of H; the CTA adds the 8 partial sums in warp order.
-template <int kG, bool kGated>
+template <int kG, bool kGated, bool kF16>
 __device__ void fc1_item(const Params& p, Smem& sm, int u, int cb) {
   constexpr int kS = kGated ? 4 : 2, kU = kG == 1 ? 2 : 1, kRoutes = 8 * kG;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -315,7 +345,7 @@ __device__ void fc1_item(const Params& p, Smem& sm, int u, int cb) {
     if (nkt > 0) {
       const __nv_bfloat16* brow[kG];
       group_rows<kG>(p, sm, p.a1 + kt0 * 64, p.h_pad, base, end, brow);
-      stream_gemm<kS, kU, kG>(p, sm, w, sc, nkt, brow, acc);
+      stream_gemm<kS, kU, kG, kF16>(p, sm, w, sc, nkt, brow, acc);
     }
     // accumulator (s, q, i): weight row 16·(s&1) + g + 8·(i/2) of the up (s < 2) or gate half,
     // route base + 8q + 2c + i%2.
@@ -329,7 +359,7 @@ __device__ void fc1_item(const Params& p, Smem& sm, int u, int cb) {
               acc[s][q][i];
     __syncthreads();
     // Epilogue, per (route in pass, column): Σ over warps in order → alpha, bias → act → bf16.
-    const float alpha = p.alpha1[e];
+    const float alpha = p.alpha1[e] * (kF16 ? 64.f : 1.f);  // kF16: the weights were read as code × 2^-6
     for (int i = threadIdx.x; i < n_routes * 32; i += kThreads) {
       const int rho = i >> 5, col = i & 31, ic = 32 * cb + col;
       float up = 0.f, gate = 0.f;
@@ -360,7 +390,7 @@ __device__ void fc1_item(const Params& p, Smem& sm, int u, int cb) {
         for (int k = 0; k < 16; ++k) v[k] = sm.u.fc1.h[rho][16 * blk + k];
         quant_dequant_block<16>(p.q, v, p.g2[e], o);
 #pragma unroll
-        for (int k = 0; k < 16; ++k) dst[permuted_col(32 * cb + 16 * blk + k)] = o[k];
+        for (int k = 0; k < 16; ++k) store_act<kF16>(dst, permuted_col(32 * cb + 16 * blk + k), o[k]);
       } else {
         float v[32];
         __nv_bfloat16 o[32];
@@ -368,7 +398,7 @@ __device__ void fc1_item(const Params& p, Smem& sm, int u, int cb) {
         for (int k = 0; k < 32; ++k) v[k] = sm.u.fc1.h[rho][k];
         quant_dequant_block<32>(p.q, v, p.g2[e], o);
 #pragma unroll
-        for (int k = 0; k < 32; ++k) dst[permuted_col(32 * cb + k)] = o[k];
+        for (int k = 0; k < 32; ++k) store_act<kF16>(dst, permuted_col(32 * cb + k), o[k]);
       }
     }
     __syncthreads();  // part / h are reused by the next pass
@@ -384,7 +414,7 @@ __device__ __forceinline__ int fc2_chunks(int touched, int KT, int routes) {
 
 // Phase 2 item: output columns [16·rt, 16·rt + 16). Unit (expert slot u, k-chunk kc) → warp
 // unit % kWarps; sums per (kc, route) in shared memory; then each token's 16 outputs, once.
-template <int kG>
+template <int kG, bool kF16>
 __device__ void fc2_item(const Params& p, Smem& sm, int rt, int KC) {
   constexpr int kU = kG == 1 ? 4 : 2, kRoutes = 8 * kG;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -403,7 +433,7 @@ __device__ void fc2_item(const Params& p, Smem& sm, int rt, int KC) {
       const __nv_bfloat16* brow[kG];
       group_rows<kG>(p, sm, p.a2 + kt0 * 64, p.i_pad, base, end, brow);
       float acc[1][kG][4] = {};
-      stream_gemm<1, kU, kG>(p, sm, w, sc, nkt, brow, acc);
+      stream_gemm<1, kU, kG, kF16>(p, sm, w, sc, nkt, brow, acc);
 #pragma unroll
       for (int q = 0; q < kG; ++q)
 #pragma unroll
@@ -425,32 +455,37 @@ __device__ void fc2_item(const Params& p, Smem& sm, int rt, int KC) {
       float d = 0.f;
       for (int kc = 0; kc < KC; ++kc) d += sm.u.fc2[kc * p.routes + r][i & 15];
       const float b = p.b2 ? p.b2[static_cast<int64_t>(e) * p.h_pad + col] : 0.f;
-      s += p.topk_weights[r] * (p.alpha2[e] * d + b);
+      s += p.topk_weights[r] * (p.alpha2[e] * (kF16 ? 64.f : 1.f) * d + b);
     }
     store_out1(p.out, p.out_fp32, static_cast<int64_t>(t) * p.hidden + col, s);
   }
   __syncthreads();  // the slots are reused by the next item
 }
 
-template <int kG>
+// kG: route groups of 8 per weight pass. kF16: NVFP4 weights with NVFP4 (a4) activations, on f16
+// tensor cores (both operands exact in f16, see stream_gemm); otherwise bf16 through lookup tables.
+template <int kG, bool kF16>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int gwarp = blockIdx.x * kWarps + warp, nwarps = gridDim.x * kWarps;
   stamp(p, 0);
-  fill_tables(p, sm);
+  if (!kF16) fill_tables(p, sm);
   build_routing(p, sm);
   const int nt = sm.num_touched;
   stamp(p, 1);
 
-  // Phase 0: quantise each routed row of x with its expert's FC1 input scale, by route index.
-  for (int r = gwarp; r < p.routes; r += nwarps) {
-    const int e = local_expert(p, r);
-    if (e < 0) continue;
-    const float g = p.g1[e];
-    if (quant_block(p.q) == 16) quantize_row<16>(p, r, g, lane);
-    else quantize_row<32>(p, r, g, lane);
+  // Phase 0: quantise each routed row of x with its expert's FC1 input scale, one thread per
+  // (route, block).
+  {
+    const int qb = quant_block(p.q), nb = p.h_pad / qb;
+    const int gtid = blockIdx.x * kThreads + threadIdx.x, nthreads = gridDim.x * kThreads;
+    for (int i = gtid; i < p.routes * nb; i += nthreads) {
+      const int r = i / nb, b = i % nb;
+      const int e = local_expert(p, r);
+      if (e < 0) continue;
+      if (qb == 16) quantize_block<16, kF16>(p, r, b, p.g1[e]);
+      else quantize_block<32, kF16>(p, r, b, p.g1[e]);
+    }
   }
   stamp(p, 2);
   grid_sync(p.barrier);
@@ -460,8 +495,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   // CTAs stream neighbouring weight rows.
   const int C32 = p.i_pad / 32;
   for (int item = blockIdx.x; item < nt * C32; item += gridDim.x) {
-    if (p.gated) fc1_item<kG, true>(p, sm, item / C32, item % C32);
-    else fc1_item<kG, false>(p, sm, item / C32, item % C32);
+    if (p.gated) fc1_item<kG, true, kF16>(p, sm, item / C32, item % C32);
+    else fc1_item<kG, false, kF16>(p, sm, item / C32, item % C32);
   }
   stamp(p, 4);
   grid_sync(p.barrier);
@@ -469,7 +504,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
 
   // Phase 2: FC2 + top-k sum per 16 output columns.
   const int KC2 = fc2_chunks(nt, p.i_pad / 64, p.routes);
-  for (int rt = blockIdx.x; rt < p.h_pad / 16; rt += gridDim.x) fc2_item<kG>(p, sm, rt, KC2);
+  for (int rt = blockIdx.x; rt < p.h_pad / 16; rt += gridDim.x) fc2_item<kG, kF16>(p, sm, rt, KC2);
   stamp(p, 6);
 }
 

@@ -106,5 +106,18 @@ TEST(FragmentLayout, KChunksAreNonEmptyAndCoverTheReduction) {
         }
 }
 
+// The f16 decode path reads each E2M1 nibble as an E4M3 byte worth code × 2^-6: check every byte of
+// every position, both nibbles, against the E2M1 decoder.
+TEST(FragmentLayout, E2m1NibblesReadAsE4m3AreTheCodeTimes2ToTheMinus6) {
+  for (uint32_t v = 0; v < 256; ++v)
+    for (int pos = 0; pos < 4; ++pos) {
+      const uint32_t w = (v << (8 * pos)) | (0xA5u << (8 * ((pos + 1) % 4)));  // a neighbour byte must not leak in
+      const uint8_t lo = static_cast<uint8_t>(kernels::e2m1_lo_as_e4m3(w) >> (8 * pos));
+      const uint8_t hi = static_cast<uint8_t>(kernels::e2m1_hi_as_e4m3(w) >> (8 * pos));
+      EXPECT_EQ(fmt::e4m3_decode(lo) * 64.0f, fmt::e2m1_decode(static_cast<uint8_t>(v & 0xF))) << v << " " << pos;
+      EXPECT_EQ(fmt::e4m3_decode(hi) * 64.0f, fmt::e2m1_decode(static_cast<uint8_t>(v >> 4))) << v << " " << pos;
+    }
+}
+
 }  // namespace
 }  // namespace fp4moe

@@ -8,6 +8,8 @@
 //   B (16 × 8, "col"):      b0 = (k 2c..2c+1, column g), b1 = (k 2c+8..2c+9, column g)
 #pragma once
 
+#include <cstdint>
+
 #include "fp4moe/formats.h"  // FP4MOE_HD
 
 namespace fp4moe::kernels {
@@ -31,6 +33,13 @@ FP4MOE_HD int permuted(int w) {
   return c * 16 + t * 4 + half * 2 + e;
 }
 FP4MOE_HD long long permuted_col(int col) { return (col & ~63) + permuted(col & 63); }
+
+// The f16 decode path (NVFP4 weights, a4): each E2M1 nibble (s e1 e0 m) of a word becomes the E4M3
+// byte (s 0 0 e1 e0 m 0 0), whose value is exactly the code × 2^-6 (E4M3 bias 7, E2M1 bias 1, and
+// E2M1's subnormal 0.5 lands on E4M3's subnormal 2^-7). Byte i of the result holds the low (lo) or the
+// high (hi) nibble of byte i of w.
+FP4MOE_HD uint32_t e2m1_lo_as_e4m3(uint32_t w) { return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u); }
+FP4MOE_HD uint32_t e2m1_hi_as_e4m3(uint32_t w) { return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u); }
 
 // How many chunks to cut KT k-tiles into for `tiles` independent row tiles to give about `target`
 // items, at most max_chunks; the result makes every chunk non-empty (chunks of ceil(KT / n) tiles).
