@@ -28,6 +28,8 @@ class GpuRunner final : public Runner {
         o.backend == Backend::kDirectMicro || (o.backend == Backend::kAuto && kDirectMicroMaxRoutes > 0);
     if (dm_reachable && direct_micro_supports(c, 1, nullptr))
       dm_ = std::make_unique<DirectMicroWorkspace>(c, *w_, o.max_tokens);
+    // dynamic (prefill, wgmma): forced only until verified on the GPU; kAuto never picks it.
+    if (o.backend == Backend::kDynamic) dyn_ = std::make_unique<DynamicWorkspace>(device_);
   }
 
   Backend select(int64_t T) const override {
@@ -45,13 +47,21 @@ class GpuRunner final : public Runner {
           return false;
         }
         return direct_micro_supports(c_, T, why);
+      case Backend::kDynamic:
+        if (!dyn_) {
+          if (why) *why = "dynamic is only built for runners created with backend = kDynamic";
+          return false;
+        }
+        return dynamic_supports(*dyn_, why);
       default:
         if (why) *why = "this backend is not built yet";
         return false;
     }
   }
 
-  size_t workspace_bytes() const override { return generic_->bytes() + (dm_ ? dm_->bytes() : 0); }
+  size_t workspace_bytes() const override {
+    return generic_->bytes() + (dm_ ? dm_->bytes() : 0) + (dyn_ ? dyn_->bytes() : 0);
+  }
 
   void run(Backend backend, const void* x, const void* ids, IndexType ids_type, const float* topk_weights, void* out,
            int64_t T, CUstream_st* stream) override {
@@ -61,6 +71,7 @@ class GpuRunner final : public Runner {
     DeviceGuard guard(device_);
     const RunArgs a{x, ids, ids_type, topk_weights, out, T, stream};
     if (backend == Backend::kDirectMicro) launch_direct_micro(c_, *w_, *dm_, a);
+    else if (backend == Backend::kDynamic) launch_dynamic(c_, *w_, *generic_, *dyn_, a);
     else launch_generic(c_, *w_, *generic_, a);
   }
 
@@ -70,6 +81,7 @@ class GpuRunner final : public Runner {
   int device_;
   std::unique_ptr<GenericWorkspace> generic_;
   std::unique_ptr<DirectMicroWorkspace> dm_;
+  std::unique_ptr<DynamicWorkspace> dyn_;
 };
 
 }  // namespace

@@ -11,6 +11,10 @@
 #include "host/cuda_check.h"
 #include "host/device_weights.h"
 
+namespace fp4moe::kernels {
+struct MoeGemmParams;  // kernels/common/moe_gemm.cuh
+}
+
 namespace fp4moe::gpu {
 
 struct RunArgs {
@@ -29,8 +33,36 @@ struct GenericWorkspace {
   GenericWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens);
   size_t bytes() const;
   DeviceBuffer route_row, row_route, row_expert, expert_offset, tile_expert, tile_row0, num_tiles, a1, a2, y;
+  int64_t tile_capacity = 0;  // entries of tile_expert / tile_row0 (enough for tile_m >= generic's BM)
 };
 void launch_generic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a);
+
+// The generic path's pieces that other backends reuse with the same workspace (launch_generic.cu):
+// routing pre-pass with m-tiles of tile_m rows (tile_m >= generic's BM), gather-quantise into A1,
+// the top-k sum of Y into out, and the GEMM parameters of FC1 (fc1) or FC2.
+void launch_route(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, int tile_m);
+void launch_gather_quantize(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a);
+void launch_combine(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a);
+kernels::MoeGemmParams moe_gemm_params(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws,
+                                       const RunArgs& a, bool fc1);
+
+// ---- dynamic: the generic path with wgmma GEMMs (prefill; kernels/dynamic.cuh) ---------------------
+// Uses the GenericWorkspace's buffers (a runner runs one call at a time on its stream); owns only
+// the device facts its launches need.
+struct DynamicWorkspace {
+  explicit DynamicWorkspace(int device);
+  size_t bytes() const { return 0; }
+  int sms = 0;              // persistent grid size
+  std::string unsupported;  // why this device cannot run the kernels (empty: it can)
+};
+bool dynamic_supports(const DynamicWorkspace& ws, std::string* why);
+void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& gws, DynamicWorkspace& ws,
+                    const RunArgs& a);
+// The dynamic GEMM alone, for the kernel-level tests: p with its tile schedule already on the device,
+// at most max_tiles m-tiles. watchdog: null, or a zeroed device int[kernels::ptx::kWatchdogReportInts]
+// that a pipeline wait which timed out fills (kernels/common/mbarrier.cuh says with what).
+void launch_dynamic_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, bool fc1, int64_t max_tiles,
+                         int* watchdog, cudaStream_t stream);
 
 // ---- direct_micro: one cooperative launch for decode ---------------------------------------------
 struct DirectMicroWorkspace {

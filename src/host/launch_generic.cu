@@ -29,6 +29,7 @@ GenericWorkspace::GenericWorkspace(const MoeConfig& c, const DeviceWeights& w, i
   expert_offset = DeviceBuffer((EL + 1) * sizeof(int), "workspace.expert_offset");
   tile_expert = DeviceBuffer(tiles * sizeof(int), "workspace.tile_expert");
   tile_row0 = DeviceBuffer(tiles * sizeof(int), "workspace.tile_row0");
+  tile_capacity = tiles;
   num_tiles = DeviceBuffer(sizeof(int), "workspace.num_tiles");
   a1 = DeviceBuffer(R * w.h_pad * sizeof(__nv_bfloat16), "workspace.a1");
   a2 = DeviceBuffer(R * w.i_pad * sizeof(__nv_bfloat16), "workspace.a2");
@@ -43,27 +44,43 @@ size_t GenericWorkspace::bytes() const {
   return s;
 }
 
-void launch_generic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a) {
-  const int EL = c.local_count(), K = c.top_k;
-  const int64_t T = a.tokens, R = T * K;
-  const int64_t tiles = max_tiles(R, EL);
-  const kernels::QuantKind q = kernels::quant_kind(c.format, c.mode);
-  cudaStream_t s = a.stream;
-  kernels::RoutingParams rp{a.ids, a.ids_type == IndexType::kInt64, R, c.local_expert_first, EL, gk::BM,
+void launch_route(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, int tile_m) {
+  const int EL = c.local_count();
+  const int64_t R = a.tokens * c.top_k;
+  FP4MOE_REQUIRE(tile_m >= gk::BM && max_tiles(R, EL) <= ws.tile_capacity, InvalidArgument, "tile_m",
+                 "the workspace's tile list holds ", ws.tile_capacity, " entries (sized for m-tiles of ", gk::BM,
+                 " rows), asked for m-tiles of ", tile_m);
+  kernels::RoutingParams rp{a.ids, a.ids_type == IndexType::kInt64, R, c.local_expert_first, EL, tile_m,
                             ws.expert_offset.get<int>(), ws.route_row.get<int>(), ws.row_route.get<int>(),
                             ws.row_expert.get<int>(), ws.tile_expert.get<int>(), ws.tile_row0.get<int>(),
                             ws.num_tiles.get<int>()};
-  kernels::route_kernel<<<1, kernels::kRouteThreads, 0, s>>>(rp);
+  kernels::route_kernel<<<1, kernels::kRouteThreads, 0, a.stream>>>(rp);
   FP4MOE_CHECK_LAUNCH("route_kernel");
+}
 
+void launch_gather_quantize(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a) {
+  const int EL = c.local_count(), K = c.top_k;
+  const int64_t R = a.tokens * K;
+  const kernels::QuantKind q = kernels::quant_kind(c.format, c.mode);
   gk::GatherParams gp{static_cast<const __nv_bfloat16*>(a.x), c.hidden, w.h_pad, K, q,
                       w.fc1_input_scale.get<float>(), ws.expert_offset.get<int>(), EL, ws.row_route.get<int>(),
                       ws.row_expert.get<int>(), ws.a1.get<__nv_bfloat16>()};
   gk::gather_quantize_kernel<<<static_cast<unsigned>((R + gk::kGatherWarps - 1) / gk::kGatherWarps),
-                               gk::kGatherWarps * 32, 0, s>>>(gp);
+                               gk::kGatherWarps * 32, 0, a.stream>>>(gp);
   FP4MOE_CHECK_LAUNCH("gather_quantize_kernel");
+}
 
-  gk::GemmParams g{};
+void launch_combine(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a) {
+  gk::CombineParams cp{ws.y.get<float>(), ws.route_row.get<int>(), c.top_k, c.hidden, a.out,
+                       c.output_dtype == OutputDType::kFP32};
+  const unsigned cy = static_cast<unsigned>((c.hidden / 4 + gk::kCombineThreads - 1) / gk::kCombineThreads);
+  gk::combine_kernel<<<dim3(static_cast<unsigned>(a.tokens), cy), gk::kCombineThreads, 0, a.stream>>>(cp);
+  FP4MOE_CHECK_LAUNCH("combine_kernel");
+}
+
+kernels::MoeGemmParams moe_gemm_params(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws,
+                                       const RunArgs& a, bool fc1) {
+  kernels::MoeGemmParams g{};
   g.tile_expert = ws.tile_expert.get<int>();
   g.tile_row0 = ws.tile_row0.get<int>();
   g.num_tiles = ws.num_tiles.get<int>();
@@ -74,46 +91,51 @@ void launch_generic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace
   g.i_pad = w.i_pad;
   g.activation = c.activation;
   g.sw_alpha = c.swiglu.alpha, g.sw_beta = c.swiglu.beta, g.sw_limit = c.swiglu.limit;
-  g.q2 = q;
+  g.q2 = kernels::quant_kind(c.format, c.mode);
   g.q2_scale = w.fc2_input_scale.get<float>();
   g.hidden = c.hidden;
-  g.top_k = K;
+  g.top_k = c.top_k;
   g.row_route = ws.row_route.get<int>();
   g.topk_weights = a.topk_weights;
+  if (fc1) {  // A1 · W13ᵀ, epilogue → A2
+    g.a = ws.a1.get<__nv_bfloat16>();
+    g.w_packed = w.w13_packed.get<uint8_t>();
+    g.w_scales = w.w13_scales.get<uint8_t>();
+    g.w_rows = w.n1_pad;
+    g.k_pad = w.h_pad;
+    g.alpha = w.alpha1.get<float>();
+    g.bias = c.has_bias ? w.b13.get<float>() : nullptr;
+    g.a2 = ws.a2.get<__nv_bfloat16>();
+  } else {  // A2 · W2ᵀ, epilogue → Y
+    g.a = ws.a2.get<__nv_bfloat16>();
+    g.w_packed = w.w2_packed.get<uint8_t>();
+    g.w_scales = w.w2_scales.get<uint8_t>();
+    g.w_rows = w.h_pad;
+    g.k_pad = w.i_pad;
+    g.alpha = w.alpha2.get<float>();
+    g.bias = c.has_bias ? w.b2.get<float>() : nullptr;
+    g.y = ws.y.get<float>();
+  }
+  return g;
+}
 
-  // FC1: A1 · W13ᵀ, epilogue → A2.
-  gk::GemmParams g1 = g;
-  g1.a = ws.a1.get<__nv_bfloat16>();
-  g1.w_packed = w.w13_packed.get<uint8_t>();
-  g1.w_scales = w.w13_scales.get<uint8_t>();
-  g1.w_rows = w.n1_pad;
-  g1.k_pad = w.h_pad;
-  g1.alpha = w.alpha1.get<float>();
-  g1.bias = c.has_bias ? w.b13.get<float>() : nullptr;
-  g1.a2 = ws.a2.get<__nv_bfloat16>();
+void launch_generic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a) {
+  const int64_t tiles = max_tiles(a.tokens * c.top_k, c.local_count());
+  cudaStream_t s = a.stream;
+  launch_route(c, ws, a, gk::BM);
+  launch_gather_quantize(c, w, ws, a);
+
+  const kernels::MoeGemmParams g1 = moe_gemm_params(c, w, ws, a, true);
   const int n1_tiles = c.gated() ? w.i_pad / (gk::BN / 2) : w.i_pad / gk::BN;
   gk::gemm_kernel<true><<<dim3(static_cast<unsigned>(tiles), n1_tiles), gk::kThreads, sizeof(gk::GemmSmem), s>>>(g1);
   FP4MOE_CHECK_LAUNCH("gemm_kernel<fc1>");
 
-  // FC2: A2 · W2ᵀ, epilogue → Y.
-  gk::GemmParams g2 = g;
-  g2.a = ws.a2.get<__nv_bfloat16>();
-  g2.w_packed = w.w2_packed.get<uint8_t>();
-  g2.w_scales = w.w2_scales.get<uint8_t>();
-  g2.w_rows = w.h_pad;
-  g2.k_pad = w.i_pad;
-  g2.alpha = w.alpha2.get<float>();
-  g2.bias = c.has_bias ? w.b2.get<float>() : nullptr;
-  g2.y = ws.y.get<float>();
+  const kernels::MoeGemmParams g2 = moe_gemm_params(c, w, ws, a, false);
   gk::gemm_kernel<false><<<dim3(static_cast<unsigned>(tiles), w.h_pad / gk::BN), gk::kThreads,
                            sizeof(gk::GemmSmem), s>>>(g2);
   FP4MOE_CHECK_LAUNCH("gemm_kernel<fc2>");
 
-  gk::CombineParams cp{ws.y.get<float>(), ws.route_row.get<int>(), K, c.hidden, a.out,
-                       c.output_dtype == OutputDType::kFP32};
-  const unsigned cy = static_cast<unsigned>((c.hidden / 4 + gk::kCombineThreads - 1) / gk::kCombineThreads);
-  gk::combine_kernel<<<dim3(static_cast<unsigned>(T), cy), gk::kCombineThreads, 0, s>>>(cp);
-  FP4MOE_CHECK_LAUNCH("combine_kernel");
+  launch_combine(c, ws, a);
 }
 
 }  // namespace fp4moe::gpu

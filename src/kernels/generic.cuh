@@ -19,6 +19,7 @@
 #include "fp4moe/activation.h"
 #include "kernels/common/dequant.cuh"
 #include "kernels/common/epilogue.cuh"
+#include "kernels/common/moe_gemm.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/quantize.cuh"
 
@@ -29,34 +30,8 @@ namespace fp4moe::kernels::generic {
 inline constexpr int BM = 64, BN = 64, BK = 32, kThreads = 128;
 inline constexpr int kSmemStride = BK + 8;  // bf16 per shared row: 80 B, so ldmatrix rows hit distinct banks
 
-struct GemmParams {
-  const __nv_bfloat16* a;       // [rows][k_pad] activations (A1 or A2)
-  const uint8_t* w_packed;      // [E_local][w_rows][k_pad / 2]
-  const uint8_t* w_scales;      // [E_local][w_rows][k_pad / block]
-  int w_rows, k_pad;
-  bool nvfp4;                   // weight scale type: E4M3 (true) or UE8M0
-  int block;                    // weight scale block: 16 or 32
-  const int* tile_expert;       // routing schedule
-  const int* tile_row0;
-  const int* num_tiles;
-  const int* expert_offset;
-  const float* alpha;           // [E_local]
-  const float* bias;            // [E_local][w_rows] or null
-  // FC1 epilogue
-  bool gated;
-  int i_pad;
-  Activation activation;
-  float sw_alpha, sw_beta, sw_limit;
-  QuantKind q2;                 // how the intermediate is quantised
-  const float* q2_scale;        // [E_local] NVFP4 decode scale of the FC2 input
-  __nv_bfloat16* a2;            // [rows][i_pad]
-  // FC2 epilogue
-  int hidden;
-  int top_k;
-  const int* row_route;         // [rows] t·K + j
-  const float* topk_weights;    // [T, K]
-  float* y;                     // [rows][hidden]
-};
+// The problem description and the epilogues are shared with the dynamic backend (common/moe_gemm.cuh).
+using GemmParams = MoeGemmParams;
 
 struct GemmSmem {
   __nv_bfloat16 a[2][BM][kSmemStride];  // A tiles, double-buffered (cp.async)
@@ -64,32 +39,6 @@ struct GemmSmem {
   float c[BM][BN + 4];                  // epilogue staging
   E2m1x2Table lut;
 };
-
-// Weight row (within the expert) feeding virtual column v of n-tile y. For a gated FC1 the tile
-// holds 32 up rows then the 32 gate rows of the same intermediate columns, so the epilogue sees
-// both halves of its activation.
-__device__ __forceinline__ int weight_row(const GemmParams& p, bool fc1, int y, int v) {
-  if (fc1 && p.gated) return v < BN / 2 ? y * (BN / 2) + v : p.i_pad + y * (BN / 2) + (v - BN / 2);
-  return y * BN + v;
-}
-
-template <int kBlock>
-__device__ __forceinline__ void fc1_epilogue_block(const GemmParams& p, const GemmSmem& sm, int r, int col0, int e,
-                                                   __nv_bfloat16* dst) {
-  float h[kBlock];
-#pragma unroll
-  for (int i = 0; i < kBlock; ++i) {
-    const int col = col0 + i;
-    const float g = p.gated ? sm.c[r][BN / 2 + col] : sm.c[r][col];
-    const float u = p.gated ? sm.c[r][col] : 0.0f;
-    // Round to bf16 after the activation, before requantisation (reference §2.4).
-    h[i] = fmt::round_bf16(apply_activation<float>(p.activation, g, u, p.sw_alpha, p.sw_beta, p.sw_limit));
-  }
-  __nv_bfloat16 q[kBlock];
-  quant_dequant_block(p.q2, h, p.q2_scale[e], q);
-#pragma unroll
-  for (int i = 0; i < kBlock; i += 8) *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(q + i);
-}
 
 template <bool kFc1>
 __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
@@ -106,7 +55,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
 
   // Weight loads: thread → (row v, 16-wide half of the BK slice).
   const int bv = tid >> 1, bhalf = tid & 1;
-  const int64_t wrow = static_cast<int64_t>(e) * p.w_rows + weight_row(p, kFc1, y, bv);
+  const int64_t wrow = static_cast<int64_t>(e) * p.w_rows + weight_row<BN>(p, kFc1, y, bv);
   const uint8_t* w_codes = p.w_packed + wrow * (p.k_pad / 2);
   const uint8_t* w_scale = p.w_scales + wrow * (p.k_pad / p.block);
   const int ktiles = p.k_pad / BK;
@@ -177,35 +126,13 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
       for (int i = 0; i < 4; ++i) {
         const int r = wm * 32 + mt * 16 + (lane >> 2) + (i >> 1) * 8;
         const int col = wn * 32 + nt * 8 + (lane & 3) * 2 + (i & 1);
-        const float bias = p.bias ? p.bias[static_cast<int64_t>(e) * p.w_rows + weight_row(p, kFc1, y, col)] : 0.0f;
+        const float bias = p.bias ? p.bias[static_cast<int64_t>(e) * p.w_rows + weight_row<BN>(p, kFc1, y, col)] : 0.0f;
         sm.c[r][col] = alpha * acc[mt][nt][i] + bias;
       }
   __syncthreads();
 
-  if constexpr (kFc1) {
-    // activation → bf16 → Q2, one quantisation block per task.
-    const int cols = p.gated ? BN / 2 : BN;
-    const int i0 = y * cols;
-    const int qb = quant_block(p.q2);
-    const int nb = cols / qb;
-    for (int task = tid; task < BM * nb; task += kThreads) {
-      const int r = task / nb, b = task % nb;
-      if (r >= valid) continue;
-      __nv_bfloat16* dst = p.a2 + static_cast<int64_t>(row0 + r) * p.i_pad + i0 + b * qb;
-      if (qb == 16) fc1_epilogue_block<16>(p, sm, r, b * 16, e, dst);
-      else fc1_epilogue_block<32>(p, sm, r, b * 32, e, dst);
-    }
-  } else {
-    // · router weight → Y[row], float4 stores.
-    for (int task = tid; task < BM * BN / 4; task += kThreads) {
-      const int r = task / (BN / 4), c4 = (task % (BN / 4)) * 4;
-      const int col = y * BN + c4;
-      if (r >= valid || col >= p.hidden) continue;
-      const float rw = p.topk_weights[p.row_route[row0 + r]];
-      float4 v = make_float4(rw * sm.c[r][c4], rw * sm.c[r][c4 + 1], rw * sm.c[r][c4 + 2], rw * sm.c[r][c4 + 3]);
-      *reinterpret_cast<float4*>(p.y + static_cast<int64_t>(row0 + r) * p.hidden + col) = v;
-    }
-  }
+  if constexpr (kFc1) fc1_store_rows<BN>(p, &sm.c[0][0], BN + 4, valid, row0, e, y, tid, kThreads);  // → A2
+  else fc2_store_rows<BN>(p, &sm.c[0][0], BN + 4, valid, row0, y, tid, kThreads);                    // → Y
 }
 
 // x[t] → A1[row]: one warp per routed row, one quantisation block per lane step.

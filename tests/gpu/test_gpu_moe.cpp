@@ -105,7 +105,7 @@ std::vector<unsigned char> run_on_gpu(const Problem& p, RunnerOptions o = {}, In
 // Runs the problem on every GPU backend that can take it (and on kAuto), each against the reference.
 void expect_matches_reference(const ProblemSpec& spec, RunnerOptions o = {}, IndexType it = IndexType::kInt32) {
   const Problem p = testkit::make_problem(spec);
-  for (Backend b : {Backend::kAuto, Backend::kGeneric, Backend::kDirectMicro}) {
+  for (Backend b : {Backend::kAuto, Backend::kGeneric, Backend::kDirectMicro, Backend::kDynamic}) {
     if (b == Backend::kDirectMicro && spec.tokens * spec.config.top_k > 512) continue;  // past its capacity
     RunnerOptions ob = o;
     ob.backend = b;
@@ -254,6 +254,93 @@ TEST(GpuEdge, DecodeAtModelScaleOnOneRunner) {
         const auto acc = check_against_reference(p, o.data(), testkit::default_tolerance(c));
         EXPECT_TRUE(acc.pass) << c.to_string() << " T=" << T << " " << to_string(r.plan(T)) << ": " << acc.summary();
       }
+    }
+  }
+}
+
+// ---- dynamic (prefill, wgmma): the edge cases of issue #5 ----------------------------------------
+// Every test above already forces kDynamic through expect_matches_reference; these add the shapes
+// that stress its tiles (m-tiles of 128 routed rows, n-tiles of 128 weight rows, 64-k stages).
+TEST(GpuDynamic, ZeroRowExpertsAndOneExpertWithEveryToken) {
+  REQUIRE_GPU();
+  for (Activation a : {Activation::kSilu, Activation::kRelu2}) {
+    ProblemSpec s{make_config(32, 256, 160, 4, WeightFormat::kNVFP4, ActMode::kA4, a, true), 333, 60};
+    s.routing = ProblemSpec::Routing::kAllToOneExpert;  // 1332 rows on expert 5, none on the other 31
+    s.one_expert = 5;
+    expect_matches_reference(s);
+  }
+}
+
+TEST(GpuDynamic, TokensNotAMultipleOfAnyTile) {
+  REQUIRE_GPU();
+  const MoeConfig c = make_config(4, 256, 128, 2, WeightFormat::kMXFP4, ActMode::kA8);
+  for (int64_t T : {1, 63, 65, 127, 129, 191, 257}) expect_matches_reference({c, T, static_cast<uint64_t>(T + 600)});
+}
+
+TEST(GpuDynamic, Hidden2880) {
+  REQUIRE_GPU();  // FC2 has 22.5 n-tiles of 128; FC1 has K = 2880 = 45 stages
+  for (ActMode m : {ActMode::kA4, ActMode::kA16})
+    expect_matches_reference({make_config(8, 2880, 256, 4, WeightFormat::kMXFP4, m, Activation::kSwigluOai, true), 300, 61});
+}
+
+TEST(GpuDynamic, IntermediateNotMultipleOf128) {
+  REQUIRE_GPU();  // relu2: FC1 has a partial last n-tile (i_pad = 704 → 5.5 tiles; 192 → 1.5)
+  for (int I : {704, 160})
+    for (Activation a : {Activation::kRelu2, Activation::kGeluTanh})
+      expect_matches_reference({make_config(8, 512, I, 2, WeightFormat::kNVFP4, ActMode::kA4, a, true), 150, 62});
+}
+
+TEST(GpuDynamic, Experts512TopK10) {
+  REQUIRE_GPU();
+  expect_matches_reference({make_config(512, 256, 128, 10, WeightFormat::kNVFP4, ActMode::kA16), 700, 63});
+}
+
+TEST(GpuDynamic, SmallCallAfterLargeCall) {
+  REQUIRE_GPU();
+  const MoeConfig c = make_config(16, 512, 256, 4, WeightFormat::kNVFP4, ActMode::kA4, Activation::kSilu, true);
+  const Problem big = testkit::make_problem({c, 3000, 64});
+  Problem small = testkit::make_problem({c, 3, 65});
+  small.checkpoint = big.checkpoint;
+  PreparedWeights w = prepare_weights(c, big.checkpoint.view(), {.device = 0});
+  MoeRunner r(c, w, {.max_tokens = 3000, .backend = Backend::kDynamic});
+  for (const Problem* p : {&big, static_cast<const Problem*>(&small), &big}) {
+    DeviceInputs in(*p);
+    DeviceArray<uint16_t> out(p->tokens * 512);
+    out.fill_bytes(&testkit::kPoisonBF16, 2);
+    r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), out.get(), p->tokens);
+    GPU_CHECK(cudaDeviceSynchronize());
+    const auto o = out.download();
+    const auto acc = check_against_reference(*p, o.data(), testkit::default_tolerance(c));
+    EXPECT_TRUE(acc.pass) << "T=" << p->tokens << " " << acc.summary();
+  }
+}
+
+TEST(GpuDynamic, DeterministicInAGraphAndForcedOnly) {
+  REQUIRE_GPU();
+  const MoeConfig c = make_config(64, 512, 256, 8, WeightFormat::kMXFP4, ActMode::kA16, Activation::kSwigluOai, true);
+  const Problem p = testkit::make_problem({c, 500, 66});
+  PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
+  // kAuto never picks dynamic until it is verified on the GPU (gpu_runner.cpp).
+  MoeRunner autor(c, w, {.max_tokens = 16384});
+  for (int64_t T : {1, 64, 65, 4096, 16384}) EXPECT_NE(autor.plan(T), Backend::kDynamic) << T;
+  MoeRunner r(c, w, {.max_tokens = 500, .backend = Backend::kDynamic});
+  EXPECT_EQ(r.plan(500), Backend::kDynamic);
+  DeviceInputs in(p);
+  DeviceArray<uint16_t> out(500 * 512);
+  testgpu::CapturedGraph graph([&](cudaStream_t s) {
+    r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), out.get(), 500, s);
+  });
+  std::vector<uint16_t> first;
+  for (int i = 0; i < 5; ++i) {
+    out.fill_bytes(&testkit::kPoisonBF16, 2);
+    graph.launch();
+    const auto o = out.download();
+    if (i == 0) {
+      first = o;
+      const auto acc = check_against_reference(p, o.data(), testkit::default_tolerance(c));
+      EXPECT_TRUE(acc.pass) << acc.summary();
+    } else {
+      ASSERT_EQ(0, std::memcmp(o.data(), first.data(), o.size() * 2)) << "replay " << i << " differs";
     }
   }
 }

@@ -1,0 +1,117 @@
+// The grouped GEMMs' problem description and epilogues, shared by the generic (mma.sync) and dynamic
+// (wgmma) backends. The GEMM core differs per backend; what happens to a finished tile does not:
+//
+//   FC1:  alpha·acc + bias → activation → bf16 → Q2 (quantise-dequantise) → A2[row]   (bf16)
+//   FC2:  alpha·acc + bias → · router weight → Y[row]                                 (fp32)
+//
+// A backend stages `alpha·acc + bias` of its tile in shared memory, row-major, `ldc` floats per row,
+// BN virtual columns (see weight_row), then calls fc1_store_rows / fc2_store_rows.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cstdint>
+
+#include "fp4moe/activation.h"
+#include "kernels/common/quantize.cuh"
+
+namespace fp4moe::kernels {
+
+struct MoeGemmParams {
+  const __nv_bfloat16* a;       // [rows][k_pad] activations (A1 or A2)
+  const uint8_t* w_packed;      // [E_local][w_rows][k_pad / 2]
+  const uint8_t* w_scales;      // [E_local][w_rows][k_pad / block]
+  int w_rows, k_pad;
+  bool nvfp4;                   // weight scale type: E4M3 (true) or UE8M0
+  int block;                    // weight scale block: 16 or 32
+  const int* tile_expert;       // routing schedule
+  const int* tile_row0;
+  const int* num_tiles;
+  const int* expert_offset;
+  const float* alpha;           // [E_local]
+  const float* bias;            // [E_local][w_rows] or null
+  // FC1 epilogue
+  bool gated;
+  int i_pad;
+  Activation activation;
+  float sw_alpha, sw_beta, sw_limit;
+  QuantKind q2;                 // how the intermediate is quantised
+  const float* q2_scale;        // [E_local] NVFP4 decode scale of the FC2 input
+  __nv_bfloat16* a2;            // [rows][i_pad]
+  // FC2 epilogue
+  int hidden;
+  int top_k;
+  const int* row_route;         // [rows] t·K + j
+  const float* topk_weights;    // [T, K]
+  float* y;                     // [rows][hidden]
+};
+
+// Weight row (within the expert) feeding virtual column v of n-tile y, for a tile of BN columns. For
+// a gated FC1 the tile holds BN/2 up rows then the BN/2 gate rows of the same intermediate columns,
+// so the epilogue sees both halves of its activation (i_pad is a multiple of BN/2). Otherwise the
+// rows are y·BN + v, which can pass w_rows in the last n-tile when w_rows is not a multiple of BN:
+// such columns must be masked (weight_row_valid).
+template <int BN>
+__device__ __forceinline__ int weight_row(const MoeGemmParams& p, bool fc1, int y, int v) {
+  if (fc1 && p.gated) return v < BN / 2 ? y * (BN / 2) + v : p.i_pad + y * (BN / 2) + (v - BN / 2);
+  return y * BN + v;
+}
+template <int BN>
+__device__ __forceinline__ bool weight_row_valid(const MoeGemmParams& p, bool fc1, int y, int v) {
+  return weight_row<BN>(p, fc1, y, v) < p.w_rows;
+}
+
+// One quantisation block of the FC1 epilogue: kBlock intermediate columns col0.. of one staged row.
+template <int BN, int kBlock>
+__device__ __forceinline__ void fc1_epilogue_block(const MoeGemmParams& p, const float* crow, int col0, int e,
+                                                   __nv_bfloat16* dst) {
+  float h[kBlock];
+#pragma unroll
+  for (int i = 0; i < kBlock; ++i) {
+    const int col = col0 + i;
+    const float g = p.gated ? crow[BN / 2 + col] : crow[col];
+    const float u = p.gated ? crow[col] : 0.0f;
+    // Round to bf16 after the activation, before requantisation (reference §2.4).
+    h[i] = fmt::round_bf16(apply_activation<float>(p.activation, g, u, p.sw_alpha, p.sw_beta, p.sw_limit));
+  }
+  __nv_bfloat16 q[kBlock];
+  quant_dequant_block(p.q2, h, p.q2_scale[e], q);
+#pragma unroll
+  for (int i = 0; i < kBlock; i += 8) *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(q + i);
+}
+
+// FC1: staged rows [0, rows) of n-tile y → activation → bf16 → Q2 → A2[grow0 + r], one quantisation
+// block per task, tasks spread over `nthreads` threads (this thread is `tid`). Blocks past i_pad (a
+// partial last tile of a non-gated FC1) are skipped.
+template <int BN>
+__device__ __forceinline__ void fc1_store_rows(const MoeGemmParams& p, const float* c, int ldc, int rows, int grow0,
+                                               int e, int y, int tid, int nthreads) {
+  const int cols = p.gated ? BN / 2 : BN;
+  const int i0 = y * cols;
+  const int qb = quant_block(p.q2);
+  const int nb = cols / qb;
+  for (int task = tid; task < rows * nb; task += nthreads) {
+    const int r = task / nb, b = task % nb;
+    if (i0 + b * qb >= p.i_pad) continue;
+    __nv_bfloat16* dst = p.a2 + static_cast<int64_t>(grow0 + r) * p.i_pad + i0 + b * qb;
+    if (qb == 16) fc1_epilogue_block<BN, 16>(p, c + r * ldc, b * 16, e, dst);
+    else fc1_epilogue_block<BN, 32>(p, c + r * ldc, b * 32, e, dst);
+  }
+}
+
+// FC2: staged rows [0, rows) of n-tile y → · router weight → Y[grow0 + r], float4 stores; columns
+// past H are skipped.
+template <int BN>
+__device__ __forceinline__ void fc2_store_rows(const MoeGemmParams& p, const float* c, int ldc, int rows, int grow0,
+                                               int y, int tid, int nthreads) {
+  for (int task = tid; task < rows * (BN / 4); task += nthreads) {
+    const int r = task / (BN / 4), c4 = (task % (BN / 4)) * 4;
+    const int col = y * BN + c4;
+    if (col >= p.hidden) continue;
+    const float rw = p.topk_weights[p.row_route[grow0 + r]];
+    const float* cr = c + r * ldc + c4;
+    const float4 v = make_float4(rw * cr[0], rw * cr[1], rw * cr[2], rw * cr[3]);
+    *reinterpret_cast<float4*>(p.y + static_cast<int64_t>(grow0 + r) * p.hidden + col) = v;
+  }
+}
+
+}  // namespace fp4moe::kernels

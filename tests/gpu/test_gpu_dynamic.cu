@@ -1,0 +1,281 @@
+// The dynamic backend's GEMM core, in two layers, so that a failure says which layer is wrong:
+//
+//   GpuWgmmaProbe       one warpgroup, one 64 × 128 × 64 product: operands written into shared
+//                       memory at kmajor_offset(), read by wgmma through operand_desc(),
+//                       accumulator read back through acc_row/acc_col (wgmma_layout.h). Small
+//                       integers, so the result is exact. On failure it also tries the descriptor
+//                       with LBO and SBO exchanged and says whether that one matches.
+//   GpuDynamicGemm      the library's kernel (dynamic::gemm_kernel<fc2> through
+//                       gpu::launch_dynamic_gemm) on random bf16 activations and random FP4
+//                       weights + block scales, with alpha = 1, no bias and router weight 1, so
+//                       Y = A · dequant(W)ᵀ; against a float64 CPU GEMM of the exactly dequantised
+//                       values. Several experts (some empty), row counts across m-tile boundaries,
+//                       N with a partial last n-tile, K of 1 to 45 stages (not multiples of the
+//                       4-stage ring), both formats, a grid smaller than the work (persistent loop).
+//
+// The whole backend against the reference: tests/gpu/test_gpu_moe.cpp (kDynamic is in
+// expect_matches_reference's list; GpuDynamic.* are the issue #5 edge cases).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "fp4moe/formats.h"
+#include "gpu/gpu_util.h"
+#include "host/launch.h"
+#include "kernels/common/mbarrier.cuh"
+#include "kernels/common/moe_gemm.cuh"
+#include "kernels/common/wgmma.cuh"
+#include "kernels/common/wgmma_layout.h"
+#include "kernels/dynamic.cuh"
+#include "testing/problem.h"
+
+namespace fp4moe {
+namespace {
+
+using testgpu::DeviceArray;
+namespace wg = kernels::wgmma;
+
+bool device_is_sm90() {
+  int major = 0;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major == 9;
+}
+
+#define REQUIRE_SM90()                                                             \
+  do {                                                                             \
+    REQUIRE_GPU();                                                                 \
+    if (!device_is_sm90()) GTEST_SKIP() << "wgmma needs an sm_90 GPU: skipped"; \
+  } while (0)
+
+// ---- layer 1: one wgmma k-loop in one warpgroup ---------------------------------------------------
+
+// a: [128][64] bf16 bits (tile rows; the operand is rows [r0, r0 + 64)), b: [128][64], d: [64][128].
+__global__ void wgmma_probe_kernel(const uint16_t* a, const uint16_t* b, int r0, bool swap_lbo_sbo, float* d) {
+  __shared__ __align__(128) unsigned char sa[128 * 64 * 2];
+  __shared__ __align__(128) unsigned char sb[128 * 64 * 2];
+  const int t = threadIdx.x;
+  for (int idx = t; idx < 128 * 64; idx += blockDim.x) {
+    const int r = idx / 64, k = idx % 64;
+    *reinterpret_cast<uint16_t*>(sa + wg::kmajor_offset(128, r, k)) = a[idx];
+    *reinterpret_cast<uint16_t*>(sb + wg::kmajor_offset(128, r, k)) = b[idx];
+  }
+  kernels::ptx::fence_proxy_async_smem();
+  __syncthreads();
+  float acc[64];
+  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+  const uint32_t a_addr = kernels::ptx::smem_addr(sa), b_addr = kernels::ptx::smem_addr(sb);
+  kernels::ptx::fence_operand(acc);
+  kernels::ptx::wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    uint64_t da = wg::operand_desc(a_addr, 128, r0, ks), db = wg::operand_desc(b_addr, 128, 0, ks);
+    if (swap_lbo_sbo) {
+      da = wg::make_desc(a_addr + wg::kmajor_offset(128, r0, 16 * ks), wg::kSbo, wg::kmajor_lbo(128));
+      db = wg::make_desc(b_addr + wg::kmajor_offset(128, 0, 16 * ks), wg::kSbo, wg::kmajor_lbo(128));
+    }
+    kernels::ptx::mma_m64n128k16_bf16(acc, da, db, 1);
+  }
+  kernels::ptx::wgmma_commit();
+  kernels::ptx::wgmma_wait<0>();
+  kernels::ptx::fence_operand(acc);
+  for (int i = 0; i < 64; ++i) d[wg::acc_row(t, i) * 128 + wg::acc_col(t, i)] = acc[i];
+}
+
+// Runs the probe; returns the number of elements that differ from the exact product.
+int64_t run_probe(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, int r0, bool swap,
+                  std::string* first_bad) {
+  DeviceArray<uint16_t> da(a), db(b);
+  DeviceArray<float> dd(64 * 128);
+  const uint32_t poison = testkit::kPoisonF32;
+  dd.fill_bytes(&poison, 4);
+  wgmma_probe_kernel<<<1, 128>>>(da.get(), db.get(), r0, swap, dd.get());
+  if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("wgmma_probe_kernel failed");
+  const auto d = dd.download();
+  int64_t bad = 0;
+  for (int i = 0; i < 64; ++i)
+    for (int n = 0; n < 128; ++n) {
+      double ref = 0;
+      for (int k = 0; k < 64; ++k) ref += double(fmt::f32_from_bf16(a[(r0 + i) * 64 + k])) * fmt::f32_from_bf16(b[n * 64 + k]);
+      if (d[i * 128 + n] != ref && bad++ == 0 && first_bad) {
+        std::ostringstream s;
+        s << "D[" << i << "][" << n << "] = " << d[i * 128 + n] << ", expected " << ref;
+        *first_bad = s.str();
+      }
+    }
+  return bad;
+}
+
+TEST(GpuWgmmaProbe, DescriptorsAndAccumulatorLayoutGiveTheExactProduct) {
+  REQUIRE_SM90();
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> small(-4, 4);
+  std::vector<uint16_t> a(128 * 64), b(128 * 64);
+  // Small integers: every product and every partial sum is exact in fp32.
+  for (auto& v : a) v = fmt::bf16_from_f32(static_cast<float>(small(rng)));
+  for (auto& v : b) v = fmt::bf16_from_f32(static_cast<float>(small(rng)));
+  for (int r0 : {0, 64}) {  // consumer warpgroup 0 and 1 of the dynamic kernel
+    std::string first;
+    const int64_t bad = run_probe(a, b, r0, false, &first);
+    if (bad != 0) {
+      std::string first_swapped;
+      const int64_t bad_swapped = run_probe(a, b, r0, true, &first_swapped);
+      ADD_FAILURE() << "rows [" << r0 << ", " << r0 + 64 << "): " << bad << " of 8192 elements wrong, first: " << first
+                    << ". With LBO and SBO exchanged: " << bad_swapped << " wrong"
+                    << (bad_swapped == 0 ? " -> the descriptor fields are swapped in wgmma_layout.h" : "");
+    }
+  }
+}
+
+// ---- layer 2: the library's dynamic GEMM kernel -----------------------------------------------------
+
+struct GemmCase {
+  bool nvfp4;
+  std::vector<int> rows_per_expert;  // routed rows of each expert (0 = an expert without rows)
+  int n;                             // weight rows = output columns (multiple of 64, as h_pad)
+  int k;                             // multiple of 64
+};
+
+std::string describe(const GemmCase& g) {
+  std::ostringstream s;
+  s << (g.nvfp4 ? "nvfp4" : "mxfp4") << " N=" << g.n << " K=" << g.k << " rows/expert={";
+  for (size_t i = 0; i < g.rows_per_expert.size(); ++i) s << (i ? "," : "") << g.rows_per_expert[i];
+  s << "}";
+  return s.str();
+}
+
+void run_gemm_case(const GemmCase& g, uint64_t seed) {
+  const int E = static_cast<int>(g.rows_per_expert.size()), N = g.n, K = g.k, bs = g.nvfp4 ? 16 : 32;
+  const int BM = kernels::dynamic::BM;
+  std::mt19937_64 rng(seed);
+  // Routing schedule as the pre-pass builds it with tile_m = BM.
+  std::vector<int> offset(E + 1, 0), tile_expert, tile_row0, row_expert;
+  for (int e = 0; e < E; ++e) {
+    offset[e + 1] = offset[e] + g.rows_per_expert[e];
+    for (int r = offset[e]; r < offset[e + 1]; r += BM) tile_expert.push_back(e), tile_row0.push_back(r);
+    for (int r = offset[e]; r < offset[e + 1]; ++r) row_expert.push_back(e);
+  }
+  const int rows = offset[E], tiles = static_cast<int>(tile_expert.size());
+  ASSERT_GT(rows, 0);
+  // Activations: bf16 normals. Weights: random E2M1 codes; block scales from a range that keeps
+  // every product and sum far from overflow (E4M3 2^-3 .. 2^3; UE8M0 2^-3 .. 2^3).
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> a(static_cast<size_t>(rows) * K);
+  for (auto& v : a) v = fmt::bf16_from_f32(normal(rng));
+  std::vector<uint8_t> codes(static_cast<size_t>(E) * N * K / 2), scales(static_cast<size_t>(E) * N * (K / bs));
+  for (auto& c : codes) c = static_cast<uint8_t>(rng());
+  for (auto& s : scales)
+    s = g.nvfp4 ? static_cast<uint8_t>(((4 + rng() % 7) << 3) | (rng() % 8)) : static_cast<uint8_t>(124 + rng() % 7);
+  std::vector<double> wdeq(static_cast<size_t>(E) * N * K);  // exactly dequantised W[e][n][k]
+  for (size_t en = 0; en < static_cast<size_t>(E) * N; ++en)
+    for (int k = 0; k < K; ++k) {
+      const uint8_t byte = codes[en * (K / 2) + k / 2], s = scales[en * (K / bs) + k / bs];
+      wdeq[en * K + k] = double(fmt::e2m1_decode((byte >> ((k & 1) * 4)) & 0xF)) *
+                         (g.nvfp4 ? double(fmt::e4m3_decode(s)) : double(fmt::ue8m0_decode(s)));
+    }
+
+  DeviceArray<uint16_t> d_a(a);
+  DeviceArray<uint8_t> d_codes(codes), d_scales(scales);
+  DeviceArray<int> d_offset(offset), d_tile_expert(tile_expert), d_tile_row0(tile_row0), d_num_tiles(std::vector<int>{tiles});
+  std::vector<int> route(rows);
+  for (int r = 0; r < rows; ++r) route[r] = r;
+  DeviceArray<int> d_route(route);
+  DeviceArray<float> d_ones(std::vector<float>(rows, 1.0f)), d_alpha(std::vector<float>(E, 1.0f));
+  DeviceArray<float> d_y(static_cast<size_t>(rows) * N);
+  DeviceArray<int> d_watchdog(std::vector<int>(kernels::ptx::kWatchdogReportInts, 0));
+  const uint32_t poison = testkit::kPoisonF32;
+  d_y.fill_bytes(&poison, 4);
+
+  kernels::MoeGemmParams p{};
+  p.a = reinterpret_cast<const __nv_bfloat16*>(d_a.get());
+  p.w_packed = d_codes.get();
+  p.w_scales = d_scales.get();
+  p.w_rows = N, p.k_pad = K;
+  p.nvfp4 = g.nvfp4, p.block = bs;
+  p.tile_expert = d_tile_expert.get(), p.tile_row0 = d_tile_row0.get(), p.num_tiles = d_num_tiles.get();
+  p.expert_offset = d_offset.get();
+  p.alpha = d_alpha.get();
+  p.bias = nullptr;
+  p.hidden = N, p.top_k = 1;
+  p.row_route = d_route.get();
+  p.topk_weights = d_ones.get();
+  p.y = d_y.get();
+
+  gpu::DynamicWorkspace ws(0);
+  ASSERT_TRUE(ws.unsupported.empty()) << ws.unsupported;
+  ws.sms = std::min(ws.sms, 7);  // fewer CTAs than work items: each CTA loops over several tiles
+  gpu::launch_dynamic_gemm(ws, p, /*fc1=*/false, tiles, d_watchdog.get(), nullptr);
+  GPU_CHECK(cudaDeviceSynchronize());
+  const auto wd = d_watchdog.download();
+  ASSERT_EQ(wd[0], 0) << describe(g) << ": pipeline watchdog fired: block " << wd[1] << " thread " << wd[2]
+                      << " step " << wd[3] << " waiting on " << (wd[4] == kernels::dynamic::kWaitEmpty ? "empty" : "full")
+                      << " parity " << wd[5];
+  const auto y = d_y.download();
+
+  int64_t bad = 0, unwritten = 0;
+  double worst = 0;
+  std::ostringstream first;
+  std::vector<int64_t> bad_by_half(2, 0), bad_by_ntile((N + 127) / 128, 0);
+  std::vector<double> af(a.size());
+  for (size_t i = 0; i < a.size(); ++i) af[i] = fmt::f32_from_bf16(a[i]);
+  for (int n = 0; n < N; ++n) {
+    for (int r = 0; r < rows; ++r) {
+      const int e = row_expert[r];
+      const double* wr = &wdeq[(static_cast<size_t>(e) * N + n) * K];
+      const double* ar = &af[static_cast<size_t>(r) * K];
+      double ref = 0, mag = 0;
+      for (int k = 0; k < K; ++k) {
+        const double prod = ar[k] * wr[k];
+        ref += prod, mag += std::fabs(prod);
+      }
+      const float got = y[static_cast<size_t>(r) * N + n];
+      uint32_t bits;
+      std::memcpy(&bits, &got, 4);
+      if (bits == testkit::kPoisonF32) {
+        ++unwritten;
+        continue;
+      }
+      // fp32 accumulation of exact products: |error| <= K·2^-24·Σ|products| in the worst case.
+      const double err = std::fabs(double(got) - ref) / (mag + 1e-30);
+      worst = std::max(worst, err);
+      if (!(err <= 2e-4)) {
+        const int tr = (r - offset[e]) % BM;
+        ++bad_by_half[tr / 64];
+        ++bad_by_ntile[n / 128];
+        if (bad++ < 5)
+          first << "\n  Y[" << r << "][" << n << "] (expert " << e << ", tile row " << tr << " = consumer "
+                << tr / 64 << ", n-tile " << n / 128 << " col " << n % 128 << ") = " << got << ", expected " << ref;
+      }
+    }
+  }
+  std::ostringstream by_ntile;
+  for (size_t i = 0; i < bad_by_ntile.size(); ++i) by_ntile << (i ? "," : "") << bad_by_ntile[i];
+  EXPECT_EQ(unwritten, 0) << describe(g) << ": elements of Y never written";
+  EXPECT_EQ(bad, 0) << describe(g) << ": " << bad << " of " << int64_t(rows) * N << " wrong (worst relative "
+                    << worst << "; by consumer half " << bad_by_half[0] << "/" << bad_by_half[1] << "; by n-tile "
+                    << by_ntile.str() << ")" << first.str();
+}
+
+TEST(GpuDynamicGemm, MatchesCpuGemmOfDequantisedWeights) {
+  REQUIRE_SM90();
+  const std::vector<GemmCase> cases = {
+      {true, {1}, 128, 64},                        // one row, one stage
+      {true, {64}, 128, 128},                      // exactly one consumer's rows; 2 stages
+      {false, {65}, 192, 320},                     // second consumer has 1 row; partial n-tile; 5 stages
+      {true, {0, 130, 0, 127, 300}, 256, 704},     // empty experts, m-tiles across boundaries; 11 stages
+      {false, {128, 129, 3}, 2880, 256},           // H = 2880: 22.5 n-tiles
+      {true, {200, 17}, 128, 2880},                // K = 2880: 45 stages
+  };
+  uint64_t seed = 100;
+  for (const GemmCase& g : cases) {
+    SCOPED_TRACE(describe(g));
+    run_gemm_case(g, seed++);
+  }
+}
+
+}  // namespace
+}  // namespace fp4moe
