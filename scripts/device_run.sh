@@ -87,9 +87,16 @@ if [ $PLOT -eq 1 ]; then
 fi
 if [ $PYTHON -eq 1 ]; then
   t1=$(date +%s)
-  CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install -q --no-build-isolation . > "$OUTDIR/python.log" 2>&1 \
-    && (cd python/tests && python3 -m pytest -q -rs -p no:cacheprovider .) >> "$OUTDIR/python.log" 2>&1
+  # The GPU and torch files first, in their own process, so a crash elsewhere cannot hide them.
+  CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install -q --no-build-isolation . > "$OUTDIR/python.log" 2>&1
   rc=$?
+  if [ $rc -eq 0 ]; then
+    (cd python/tests && python3 -m pytest -q -rs -p no:cacheprovider test_gpu.py test_torch.py) >> "$OUTDIR/python.log" 2>&1
+    rc=$?
+    summary+=("pytest gpu+torch|rc=$rc|$(tail -1 "$OUTDIR/python.log")")
+    (cd python/tests && python3 -m pytest -q -rs -p no:cacheprovider --ignore=test_gpu.py --ignore=test_torch.py .) >> "$OUTDIR/python.log" 2>&1
+    rc=$?
+  fi
   tail -25 "$OUTDIR/python.log"
   summary+=("python|rc=$rc|$(( $(date +%s) - t1 ))s|$(tail -1 "$OUTDIR/python.log")")
 fi
