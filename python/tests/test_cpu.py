@@ -152,3 +152,32 @@ def test_build_info():
     info = fp4moe.build_info()
     assert info["version"] == fp4moe.__version__
     assert fp4moe.cuda_device_count() >= 0
+
+
+def _exported_symbols(path):
+    """Names of the symbols an ELF64 little-endian shared object defines in its dynamic symbol
+    table with a global, weak or GNU-unique binding (what other libraries can bind to)."""
+    import struct
+    data = open(path, "rb").read()
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, "not an ELF64 little-endian file"
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names = set()
+    for _, sh_type, _, _, off, size, link, _, _, entsize in sections:
+        if sh_type != 11:  # SHT_DYNSYM
+            continue
+        stroff = sections[link][4]
+        for i in range(1, size // entsize):
+            st_name, st_info, _, st_shndx = struct.unpack_from("<IBBH", data, off + i * entsize)
+            if st_shndx != 0 and (st_info >> 4) in (1, 2, 10):  # defined; GLOBAL, WEAK, GNU_UNIQUE
+                names.add(data[stroff + st_name:data.index(b"\0", stroff + st_name)].decode())
+    return names
+
+
+@pytest.mark.skipif(not _ext.__file__.endswith(".so"), reason="the extension is not an ELF shared object")
+def test_extension_exports_only_its_entry_point():
+    # python/CMakeLists.txt hides everything else: exported, the module's static libstdc++ pieces,
+    # CCCL/cudart objects and template instances are shared with the rest of the process (torch's
+    # C++ runtime included), which broke our error messages once torch was loaded.
+    assert _exported_symbols(_ext.__file__) == {"PyInit__ext"}
