@@ -455,7 +455,11 @@ __device__ void fc2_item(const Params& p, Smem& sm, int rt, int KC) {
       float d = 0.f;
       for (int kc = 0; kc < KC; ++kc) d += sm.u.fc2[kc * p.routes + r][i & 15];
       const float b = p.b2 ? p.b2[static_cast<int64_t>(e) * p.h_pad + col] : 0.f;
-      s += p.topk_weights[r] * (p.alpha2[e] * (kF16 ? 64.f : 1.f) * d + b);
+      // Weighted term rounded on its own, then added (no FMA contraction): the same arithmetic as a
+      // K = 1 call per route followed by a slot-order sum, which the expert-parallel all-to-all path
+      // runs, so both give the same bits.
+      const float term = __fmul_rn(p.topk_weights[r], fmaf(p.alpha2[e] * (kF16 ? 64.f : 1.f), d, b));
+      s = __fadd_rn(s, term);
     }
     store_out1(p.out, p.out_fp32, static_cast<int64_t>(t) * p.hidden + col, s);
   }
