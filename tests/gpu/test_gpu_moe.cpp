@@ -116,6 +116,30 @@ void expect_matches_reference(const ProblemSpec& spec, RunnerOptions o = {}, Ind
   }
 }
 
+// r.run on p's inputs captured in a CUDA graph and replayed `replays` times into a poisoned bf16
+// output: the first replay matches the reference, every later one is bit-identical to it.
+void expect_graph_replays_deterministic(const Problem& p, MoeRunner& r, int replays) {
+  const int64_t T = p.tokens;
+  DeviceInputs in(p);
+  DeviceArray<uint16_t> out(T * p.config.hidden);
+  testgpu::CapturedGraph graph([&](cudaStream_t s) {
+    r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), out.get(), T, s);
+  });
+  std::vector<uint16_t> first;
+  for (int i = 0; i < replays; ++i) {
+    out.fill_bytes(&testkit::kPoisonBF16, 2);
+    graph.launch();
+    const auto o = out.download();
+    if (i == 0) {
+      first = o;
+      const auto acc = check_against_reference(p, o.data(), testkit::default_tolerance(p.config));
+      EXPECT_TRUE(acc.pass) << acc.summary();
+    } else {
+      ASSERT_EQ(0, std::memcmp(o.data(), first.data(), o.size() * 2)) << "replay " << i << " differs";
+    }
+  }
+}
+
 // ---- the feature matrix: format × mode × activation × bias -------------------------------------
 struct MatrixCase {
   WeightFormat format;
@@ -325,24 +349,7 @@ TEST(GpuDynamic, DeterministicInAGraphAndForcedOnly) {
   for (int64_t T : {1, 64, 65, 4096, 16384}) EXPECT_NE(autor.plan(T), Backend::kDynamic) << T;
   MoeRunner r(c, w, {.max_tokens = 500, .backend = Backend::kDynamic});
   EXPECT_EQ(r.plan(500), Backend::kDynamic);
-  DeviceInputs in(p);
-  DeviceArray<uint16_t> out(500 * 512);
-  testgpu::CapturedGraph graph([&](cudaStream_t s) {
-    r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), out.get(), 500, s);
-  });
-  std::vector<uint16_t> first;
-  for (int i = 0; i < 5; ++i) {
-    out.fill_bytes(&testkit::kPoisonBF16, 2);
-    graph.launch();
-    const auto o = out.download();
-    if (i == 0) {
-      first = o;
-      const auto acc = check_against_reference(p, o.data(), testkit::default_tolerance(c));
-      EXPECT_TRUE(acc.pass) << acc.summary();
-    } else {
-      ASSERT_EQ(0, std::memcmp(o.data(), first.data(), o.size() * 2)) << "replay " << i << " differs";
-    }
-  }
+  expect_graph_replays_deterministic(p, r, 5);
 }
 
 // ---- the runner: graphs, streams, determinism ------------------------------------------------------
@@ -444,24 +451,7 @@ TEST(GpuRunner, DirectMicroDeterministicAndInAGraph) {
   const Problem p = testkit::make_problem({c, 20, 81});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
   MoeRunner r(c, w, {.max_tokens = 20, .backend = Backend::kDirectMicro});
-  DeviceInputs in(p);
-  DeviceArray<uint16_t> out(20 * 512);
-  testgpu::CapturedGraph graph([&](cudaStream_t s) {
-    r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), out.get(), 20, s);
-  });
-  std::vector<uint16_t> first;
-  for (int i = 0; i < 20; ++i) {
-    out.fill_bytes(&testkit::kPoisonBF16, 2);
-    graph.launch();
-    const auto o = out.download();
-    if (i == 0) {
-      first = o;
-      const auto acc = check_against_reference(p, o.data(), testkit::default_tolerance(c));
-      EXPECT_TRUE(acc.pass) << acc.summary();
-    } else {
-      ASSERT_EQ(0, std::memcmp(o.data(), first.data(), o.size() * 2)) << "replay " << i << " differs";
-    }
-  }
+  expect_graph_replays_deterministic(p, r, 20);
 }
 
 TEST(GpuRunner, SmallCallAfterLargeCall) {
