@@ -116,6 +116,19 @@ void expect_matches_reference(const ProblemSpec& spec, RunnerOptions o = {}, Ind
   }
 }
 
+// One run of r on p's inputs into a poisoned bf16 output, checked against the reference.
+void expect_run_matches_reference(MoeRunner& r, const Problem& p) {
+  DeviceInputs in(p);
+  DeviceArray<uint16_t> out(p.tokens * p.config.hidden);
+  out.fill_bytes(&testkit::kPoisonBF16, 2);
+  r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), out.get(), p.tokens);
+  GPU_CHECK(cudaDeviceSynchronize());
+  const auto o = out.download();
+  const auto acc = check_against_reference(p, o.data(), testkit::default_tolerance(p.config));
+  EXPECT_TRUE(acc.pass) << p.config.to_string() << " T=" << p.tokens << " " << to_string(r.plan(p.tokens)) << ": "
+                        << acc.summary();
+}
+
 // r.run on p's inputs captured in a CUDA graph and replayed `replays` times into a poisoned bf16
 // output: the first replay matches the reference, every later one is bit-identical to it.
 void expect_graph_replays_deterministic(const Problem& p, MoeRunner& r, int replays) {
@@ -269,14 +282,7 @@ TEST(GpuEdge, DecodeAtModelScaleOnOneRunner) {
         const testkit::Inputs in = testkit::make_inputs(c, T, 1000 + T);
         Problem p;
         p.config = c, p.tokens = T, p.x = in.x, p.ids = in.ids, p.topk_weights = in.topk_weights, p.checkpoint = layer;
-        DeviceInputs d(p);
-        DeviceArray<uint16_t> out(T * c.hidden);
-        out.fill_bytes(&testkit::kPoisonBF16, 2);
-        r.run(d.x.get(), d.ids.get(), IndexType::kInt32, d.w.get(), out.get(), T);
-        GPU_CHECK(cudaDeviceSynchronize());
-        const auto o = out.download();
-        const auto acc = check_against_reference(p, o.data(), testkit::default_tolerance(c));
-        EXPECT_TRUE(acc.pass) << c.to_string() << " T=" << T << " " << to_string(r.plan(T)) << ": " << acc.summary();
+        expect_run_matches_reference(r, p);
       }
     }
   }
@@ -327,16 +333,7 @@ TEST(GpuDynamic, SmallCallAfterLargeCall) {
   small.checkpoint = big.checkpoint;
   PreparedWeights w = prepare_weights(c, big.checkpoint.view(), {.device = 0});
   MoeRunner r(c, w, {.max_tokens = 3000, .backend = Backend::kDynamic});
-  for (const Problem* p : {&big, static_cast<const Problem*>(&small), &big}) {
-    DeviceInputs in(*p);
-    DeviceArray<uint16_t> out(p->tokens * 512);
-    out.fill_bytes(&testkit::kPoisonBF16, 2);
-    r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), out.get(), p->tokens);
-    GPU_CHECK(cudaDeviceSynchronize());
-    const auto o = out.download();
-    const auto acc = check_against_reference(*p, o.data(), testkit::default_tolerance(c));
-    EXPECT_TRUE(acc.pass) << "T=" << p->tokens << " " << acc.summary();
-  }
+  for (const Problem* p : {&big, static_cast<const Problem*>(&small), &big}) expect_run_matches_reference(r, *p);
 }
 
 TEST(GpuDynamic, DeterministicInAGraphAndForcedOnly) {
@@ -462,16 +459,7 @@ TEST(GpuRunner, SmallCallAfterLargeCall) {
   small.checkpoint = big.checkpoint;
   PreparedWeights w = prepare_weights(c, big.checkpoint.view(), {.device = 0});
   MoeRunner r(c, w, {.max_tokens = 2048});
-  for (const Problem* p : {static_cast<const Problem*>(&big), static_cast<const Problem*>(&small)}) {
-    DeviceInputs in(*p);
-    DeviceArray<uint16_t> out(p->tokens * 256);
-    out.fill_bytes(&testkit::kPoisonBF16, 2);
-    r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), out.get(), p->tokens);
-    GPU_CHECK(cudaDeviceSynchronize());
-    const auto o = out.download();
-    const auto acc = check_against_reference(*p, o.data(), testkit::default_tolerance(c));
-    EXPECT_TRUE(acc.pass) << "T=" << p->tokens << " " << acc.summary();
-  }
+  for (const Problem* p : {static_cast<const Problem*>(&big), static_cast<const Problem*>(&small)}) expect_run_matches_reference(r, *p);
 }
 
 TEST(GpuRunner, ErrorsAreTypedOnTheGpuToo) {
