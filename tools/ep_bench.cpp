@@ -29,10 +29,10 @@
 
 #include <exception>
 #include <filesystem>
-#include <thread>
 
 #include "cuda_check.h"
 #include "gpu.h"
+#include "testing/on_ranks.h"
 #endif
 
 namespace fp4moe::cli {
@@ -48,23 +48,7 @@ int run_ep_bench(const Args&) {
 
 namespace {
 
-template <typename F>
-void on_ranks(int n, F f) {
-  std::vector<std::exception_ptr> err(n);
-  std::vector<std::thread> th;
-  for (int r = 0; r < n; ++r)
-    th.emplace_back([&, r] {
-      try {
-        TOOL_CUDA(cudaSetDevice(r));
-        f(r);
-      } catch (...) {
-        err[r] = std::current_exception();
-      }
-    });
-  for (auto& t : th) t.join();
-  for (auto& e : err)
-    if (e) std::rethrow_exception(e);
-}
+using testkit::on_ranks;
 
 CheckpointView slice(const QuantizedCheckpoint& q, const MoeConfig& layer, int first) {
   CheckpointView v = q.view();

@@ -14,13 +14,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <exception>
-#include <thread>
 #include <vector>
 
 #include "fp4moe/ep.h"
 #include "fp4moe/fp4moe.h"
 #include "gpu/gpu_util.h"
+#include "testing/on_ranks.h"
 #include "testing/problem.h"
 
 namespace fp4moe {
@@ -107,24 +106,7 @@ std::vector<unsigned char> one_gpu(const Problem& p, IndexType it, Backend backe
   return h;
 }
 
-// f(rank) on its own thread with its device current; the first exception is rethrown.
-template <typename F>
-void on_ranks(int n, F f) {
-  std::vector<std::exception_ptr> err(n);
-  std::vector<std::thread> th;
-  for (int r = 0; r < n; ++r)
-    th.emplace_back([&, r] {
-      try {
-        if (cudaSetDevice(r) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
-        f(r);
-      } catch (...) {
-        err[r] = std::current_exception();
-      }
-    });
-  for (auto& t : th) t.join();
-  for (auto& e : err)
-    if (e) std::rethrow_exception(e);
-}
+using testkit::on_ranks;
 
 struct Comms {
   std::vector<ncclComm_t> c;
