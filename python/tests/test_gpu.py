@@ -24,13 +24,14 @@ def prepared(c, p, device):
                         p.get("fc1_input_scale"), p.get("fc2_input_scale"), p.get("b13"), p.get("b2"), device)
 
 
+# direct_micro serves T·K <= 512 (K = 4 here), so it is not asked for T = 300.
+RUNS = [(T, b) for T in (1, 7, 64, 300) for b in ("auto", "generic", "direct_micro") if b != "direct_micro" or T * 4 <= 512]
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(v) for v in c.values()))
-@pytest.mark.parametrize("T", [1, 7, 64, 300])
-@pytest.mark.parametrize("backend", ["auto", "generic", "direct_micro"])
+@pytest.mark.parametrize("T,backend", RUNS)
 def test_python_equals_cpp_bit_for_bit(case, T, backend):
     c = make_config(E=8, H=256, I=128, K=4, **case)
-    if backend == "direct_micro" and T * c.top_k > 512:
-        pytest.skip("direct_micro serves T·K <= 512")
     p = problem(c, T=T, seed=T)
     pw = prepared(c, p, 0)
     cpp = _ext._run_cpp(c, pw, p["x"], p["ids"], p["topk_weights"], backend, True)
@@ -45,7 +46,7 @@ def test_python_equals_cpp_bit_for_bit(case, T, backend):
     np.testing.assert_array_equal(got, cpp)
     # And close to the CPU reference.
     want, r = reference_bf16(c, problem(c, T=T, seed=T), p["w13_scale_layout"], p["gate_up"])
-    o = fp4moe.bf16_to_float(got.view(np.uint16)).astype(np.float64)
+    o = fp4moe.bf16_to_float(got.view(np.uint16)).astype(np.float64).reshape(r.shape)
     assert np.linalg.norm(o - r) <= 1.5e-2 * np.linalg.norm(r)
 
 
