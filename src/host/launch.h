@@ -59,7 +59,8 @@ bool dynamic_supports(const DynamicWorkspace& ws, std::string* why);
 void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& gws, DynamicWorkspace& ws,
                     const RunArgs& a);
 // The dynamic GEMM alone, for the kernel-level tests: p with its tile schedule already on the device,
-// at most max_tiles m-tiles. watchdog: null, or a zeroed device int[kernels::ptx::kWatchdogReportInts]
+// at most max_tiles m-tiles; the kernel reads the weights through p.w_frag / p.w_frag_scales
+// (fragment order, device_weights.h), not p.w_packed / p.w_scales. watchdog: null, or a zeroed device int[kernels::ptx::kWatchdogReportInts]
 // that a pipeline wait which timed out fills (kernels/common/mbarrier.cuh says with what).
 void launch_dynamic_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, bool fc1, int64_t max_tiles,
                          int* watchdog, cudaStream_t stream);
@@ -70,6 +71,7 @@ struct DirectMicroWorkspace {
   size_t bytes() const;
   int max_routes = 0;  // routes (T·K) this workspace holds
   int grid = 0;        // co-resident CTAs of the compiled kernel on this device
+  int64_t l2_window = 0;  // weight bytes a CTA may prefetch into L2 ahead of its use (from the L2 size)
   DeviceBuffer a1, a2, barrier;
 };
 // RunArgs::trace of direct_micro: [grid][kDirectMicroTraceStamps] %globaltimer stamps per CTA (start, setup,

@@ -32,6 +32,7 @@ constexpr int kSmallT = 8;
 bool f16_path(const MoeConfig& c) {
   return kernels::quant_kind(c.format, c.mode) == kernels::QuantKind::kNvfp4;
 }
+size_t smem_bytes(bool f16) { return f16 ? dm::kSmemBytes<true> : dm::kSmemBytes<false>; }
 void* kernel_for(int64_t tokens, bool f16) {
   if (f16)
     return tokens <= kSmallT ? reinterpret_cast<void*>(dm::direct_micro_kernel<1, true>)
@@ -58,13 +59,18 @@ DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeigh
     const void* k = kernel_for(t, f16_path(c));
     // The kernel's shared memory (lookup tables, routing, sums) is past the 48 KB default.
     FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(sizeof(dm::Smem))));
+                                           static_cast<int>(smem_bytes(f16_path(c)))));
     int n = 0;
-    FP4MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, dm::kThreads, sizeof(dm::Smem)));
+    FP4MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, dm::kThreads, smem_bytes(f16_path(c))));
     per_sm = std::min(per_sm, n);
   }
   FP4MOE_REQUIRE(per_sm >= 1, Unsupported, "backend", "direct_micro cannot be resident on this device");
   grid = sms * per_sm;
+  // The L2 prefetch window: 5/8 of the L2 spread over the CTAs, leaving the rest to the lines being
+  // read, A1/A2 and the other streams' data.
+  int l2 = 0;
+  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, w.device));
+  l2_window = static_cast<int64_t>(l2) * 5 / 8 / grid;
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());  // the memsets are done before any stream uses the buffers
 }
 
@@ -100,12 +106,13 @@ void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicro
   p.a2 = ws.a2.get<__nv_bfloat16>();
   p.zero_row = ws.max_routes;
   p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
+  p.l2_window = ws.l2_window;
   p.out = a.out;
   p.out_fp32 = c.output_dtype == OutputDType::kFP32;
   p.trace = a.trace;
   void* args[] = {&p};
   FP4MOE_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_for(a.tokens, f16_path(c)), ws.grid,
-                                                dm::kThreads, args, sizeof(dm::Smem), a.stream));
+                                                dm::kThreads, args, smem_bytes(f16_path(c)), a.stream));
 }
 
 }  // namespace fp4moe::gpu

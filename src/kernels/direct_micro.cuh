@@ -14,6 +14,9 @@
 //             every touched expert, leave per-route sums in shared memory, and the CTA writes
 //             out[t] = Σ_j w[t,j]·(alpha2·Σ_kc + b2) in slot order — each output element once
 //
+// Weights are prefetched into L2 by the bulk-copy unit ahead of their use, in the order each CTA
+// streams them (L2Prefetch): FC2's bytes do not wait for barrier 2, nor FC1's for phase 0.
+//
 // Every sum runs in a fixed order, so results are deterministic. Neither GEMM leaves partial sums in
 // global memory: the only cross-CTA traffic is A1 and A2.
 //
@@ -74,21 +77,36 @@ struct Params {
   __nv_bfloat16* a2;  // [zero_row + 1][i_pad]
   int zero_row;
   GridBarrier barrier;
+  long long l2_window;  // weight bytes a CTA may prefetch into L2 ahead of what it is streaming (L2Prefetch)
   void* out;
   bool out_fp32;
   unsigned long long* trace;  // diagnostics: null, or [grid][kTraceStamps] %globaltimer stamps per CTA
 };
 inline constexpr int kTraceStamps = 7;  // start, setup, phase 0, barrier, phase 1, barrier, end
 
-struct Smem {
+struct L2Prefetch {
+  int n1, total;        // FC1 units (this CTA's items), FC1 + FC2 units
+  int nt, c32;          // touched experts, FC1 items per expert
+  long long b1, b2;     // bytes per FC1 unit, per FC2 unit
+  int next;             // first unit not yet prefetched
+  __device__ long long offset(int i) const { return i < n1 ? i * b1 : n1 * b1 + (i - n1) * b2; }
+};
+
+// The bf16 path's lookup tables, placed right after Smem in dynamic shared memory; the f16 path
+// (kF16) needs none and its launch leaves them out (40 KB less per CTA).
+struct Tables {
+  uint32_t e2m1x2[256][32];  // E2M1 byte → bf16x2, entry b of lane l at [b][l]
+  uint32_t scale2[256][8];   // scale byte → bf16x2 (both halves), entry of row group g at [b][g]
+};
+
+struct alignas(16) Smem {
   int count[kMaxExperts];      // routes per local expert, then the expert's slot in `touched`
   int cursor[kMaxExperts];     // next free place in the route list, per slot
   int touched[kMaxExperts];    // local experts with routes, ascending
   int start[kMaxExperts + 1];  // their route-list offsets
   int list[kMaxRoutes];        // route indices grouped by expert
   int num_touched;
-  alignas(16) uint32_t e2m1x2[256][32];  // E2M1 byte → bf16x2, entry b of lane l at [b][l]
-  uint32_t scale2[256][8];               // scale byte → bf16x2 (both halves), entry of row group g at [b][g]
+  L2Prefetch pf;                         // thread 0's L2 prefetch state
   union {
     struct {
       float part[kWarps][8 * kMaxGroups][64];  // FC1 per-warp partial sums [warp][route in pass][up 0..31, gate 32..63]
@@ -97,6 +115,12 @@ struct Smem {
     float fc2[kFc2Slots][16];                  // FC2 sums [k-chunk · routes + r][column]
   } u;
 };
+static_assert(sizeof(Smem) % 16 == 0, "Tables follow Smem: 16-byte aligned for the per-lane lookups");
+template <bool kF16>
+inline constexpr size_t kSmemBytes = sizeof(Smem) + (kF16 ? 0 : sizeof(Tables));
+__device__ __forceinline__ Tables& tables(const Smem& sm) {
+  return *reinterpret_cast<Tables*>(const_cast<unsigned char*>(reinterpret_cast<const unsigned char*>(&sm)) + sizeof(Smem));
+}
 
 __device__ __forceinline__ int local_expert(const Params& p, int r) {
   const int64_t id = p.ids_int64 ? static_cast<const int64_t*>(p.ids)[r] : static_cast<const int32_t*>(p.ids)[r];
@@ -181,10 +205,10 @@ __device__ void fill_tables(const Params& p, Smem& sm) {
   for (int b = warp; b < 256; b += kWarps) {
     const uint32_t v = static_cast<uint32_t>(e2m1_to_bf16_bits(b & 0xF)) |
                        (static_cast<uint32_t>(e2m1_to_bf16_bits(b >> 4)) << 16);
-    sm.e2m1x2[b][lane] = v;
+    tables(sm).e2m1x2[b][lane] = v;
     if (lane < 8) {
       const uint16_t h = fmt::bf16_from_f32(p.nvfp4 ? fmt::e4m3_decode(b) : fmt::ue8m0_decode(b));
-      sm.scale2[b][lane] = static_cast<uint32_t>(h) | (static_cast<uint32_t>(h) << 16);
+      tables(sm).scale2[b][lane] = static_cast<uint32_t>(h) | (static_cast<uint32_t>(h) << 16);
     }
   }
 }
@@ -282,12 +306,12 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem& sm, con
             a[2] = hmul2_f16(ptx::e4m3x2_to_f16x2<false>(x23), s_lo);  // row g,   k 2c+8
             a[3] = hmul2_f16(ptx::e4m3x2_to_f16x2<true>(x23), s_hi);   // row g+8, k 2c+8
           } else {
-            const uint32_t s_lo = sm.scale2[(slo[u][s] >> (8 * j)) & 0xFF][g];
-            const uint32_t s_hi = sm.scale2[(shi[u][s] >> (8 * j)) & 0xFF][g];
-            a[0] = bf16x2_mul(sm.e2m1x2[word & 0xFF][lane], s_lo);          // row g,   k 2c
-            a[1] = bf16x2_mul(sm.e2m1x2[(word >> 8) & 0xFF][lane], s_hi);   // row g+8, k 2c
-            a[2] = bf16x2_mul(sm.e2m1x2[(word >> 16) & 0xFF][lane], s_lo);  // row g,   k 2c+8
-            a[3] = bf16x2_mul(sm.e2m1x2[word >> 24][lane], s_hi);           // row g+8, k 2c+8
+            const uint32_t s_lo = tables(sm).scale2[(slo[u][s] >> (8 * j)) & 0xFF][g];
+            const uint32_t s_hi = tables(sm).scale2[(shi[u][s] >> (8 * j)) & 0xFF][g];
+            a[0] = bf16x2_mul(tables(sm).e2m1x2[word & 0xFF][lane], s_lo);          // row g,   k 2c
+            a[1] = bf16x2_mul(tables(sm).e2m1x2[(word >> 8) & 0xFF][lane], s_hi);   // row g+8, k 2c
+            a[2] = bf16x2_mul(tables(sm).e2m1x2[(word >> 16) & 0xFF][lane], s_lo);  // row g,   k 2c+8
+            a[3] = bf16x2_mul(tables(sm).e2m1x2[word >> 24][lane], s_hi);           // row g+8, k 2c+8
           }
 #pragma unroll
           for (int q = 0; q < kG; ++q) {
@@ -302,6 +326,64 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem& sm, con
       }
     }
   }
+}
+
+// L2 prefetch of the weights this CTA streams, in the order it streams them: its FC1 items, then for
+// each of its FC2 items the (touched expert, 16 output columns) blocks. None of it depends on an
+// earlier phase, so the bytes come from HBM while the CTA is still in setup, phase 0, the barriers or
+// the previous item, and the GEMM loops (whose loads in flight are capped by registers) wait on L2
+// latency instead of HBM's. One bulk prefetch per contiguous range (ptx::prefetch_l2_bulk). At most
+// p.l2_window bytes ahead of the unit being consumed, but always the next unit: the host sizes the
+// window from the L2 capacity so nothing prefetched is evicted before it is read. Thread 0 runs it.
+__device__ __forceinline__ void prefetch_range(const void* ptr, long long bytes) {
+  constexpr long long kPiece = 32 << 10;
+  const char* c = static_cast<const char*>(ptr);
+  for (long long o = 0; o < bytes; o += kPiece) ptx::prefetch_l2_bulk(c + o, static_cast<uint32_t>(min(kPiece, bytes - o)));
+}
+
+__device__ void prefetch_unit(const Params& p, const Smem& sm, const L2Prefetch& pf, int i) {
+  const int sb = 64 / p.block;
+  if (i < pf.n1) {  // FC1 item: the up pair and the gate pair of 16-row tiles, each pair contiguous
+    const int item = blockIdx.x + i * gridDim.x, e = sm.touched[item / pf.c32], cb = item % pf.c32;
+    const int KT = p.h_pad / 64, RT = (p.gated ? 2 * p.i_pad : p.i_pad) / 16;
+    for (int h = 0; h < (p.gated ? 2 : 1); ++h) {
+      const int64_t tile = (static_cast<int64_t>(e) * RT + (h ? p.i_pad / 16 : 0) + 2 * cb) * KT;
+      prefetch_range(p.w13 + tile * 32, 2LL * KT * 512);
+      prefetch_range(p.s13 + tile * 16 * sb, 2LL * KT * 16 * sb);
+    }
+  } else {  // FC2 unit: expert slot u's tiles of output columns [16·rt, 16·rt + 16)
+    const int j = i - pf.n1, rt = blockIdx.x + (j / pf.nt) * gridDim.x, e = sm.touched[j % pf.nt];
+    const int KT = p.i_pad / 64, RT = p.h_pad / 16;
+    const int64_t tile = (static_cast<int64_t>(e) * RT + rt) * KT;
+    prefetch_range(p.w2 + tile * 32, static_cast<long long>(KT) * 512);
+    prefetch_range(p.s2 + tile * 16 * sb, static_cast<long long>(KT) * 16 * sb);
+  }
+}
+
+// After build_routing, thread 0.
+__device__ void prefetch_init(const Params& p, Smem& sm) {
+  if (threadIdx.x != 0) return;
+  L2Prefetch& pf = sm.pf;
+  const int grid = gridDim.x, bid = blockIdx.x, sb = 64 / p.block;
+  pf.nt = sm.num_touched, pf.c32 = p.i_pad / 32;
+  pf.n1 = max(0, (pf.nt * pf.c32 - bid + grid - 1) / grid);
+  pf.total = pf.n1 + max(0, (p.h_pad / 16 - bid + grid - 1) / grid) * pf.nt;
+  pf.b1 = static_cast<long long>(p.gated ? 4 : 2) * (p.h_pad / 64) * (512 + 16 * sb);
+  pf.b2 = static_cast<long long>(p.i_pad / 64) * (512 + 16 * sb);
+  pf.next = 0;
+}
+
+// The CTA starts consuming its FC1 item k (fc2 = false) or, in its FC2 item m, the units of expert
+// slot k (fc2 = true): top the window up. Thread 0 only; the state lives in shared memory so it
+// costs the GEMM loops no registers.
+__device__ void prefetch_advance(const Params& p, Smem& sm, bool fc2, int m, int k) {
+  if (threadIdx.x != 0) return;
+  L2Prefetch& pf = sm.pf;
+  const int consumed = fc2 ? pf.n1 + m * pf.nt + k : k;
+  int next = max(pf.next, consumed);
+  const long long limit = pf.offset(consumed) + p.l2_window;
+  while (next < pf.total && (next <= consumed + 1 || pf.offset(next) < limit)) prefetch_unit(p, sm, pf, next++);
+  pf.next = next;
 }
 
 // This lane's B row for each route group of the pass starting at list position `base`: the row of
@@ -415,7 +497,7 @@ __device__ __forceinline__ int fc2_chunks(int touched, int KT, int routes) {
 // Phase 2 item: output columns [16·rt, 16·rt + 16). Unit (expert slot u, k-chunk kc) → warp
 // unit % kWarps; sums per (kc, route) in shared memory; then each token's 16 outputs, once.
 template <int kG, bool kF16>
-__device__ void fc2_item(const Params& p, Smem& sm, int rt, int KC) {
+__device__ void fc2_item(const Params& p, Smem& sm, int rt, int KC, int m) {
   constexpr int kU = kG == 1 ? 4 : 2, kRoutes = 8 * kG;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int KT = p.i_pad / 64, RT = p.h_pad / 16, nt = sm.num_touched;
@@ -423,6 +505,7 @@ __device__ void fc2_item(const Params& p, Smem& sm, int rt, int KC) {
   const int sb = 64 / p.block;
   for (int unit = warp; unit < nt * KC; unit += kWarps) {
     const int u = unit / KC, kc = unit % KC;
+    prefetch_advance(p, sm, true, m, u);  // thread 0 (warp 0) paces the window; the warps move together
     const int e = sm.touched[u], begin = sm.start[u], end = sm.start[u + 1];
     const int kt0 = kc * per, nkt = min(KT, kt0 + per) - kt0;  // ≥ 1 (k_chunk_count)
     const int64_t tile0 = (static_cast<int64_t>(e) * RT + rt) * KT + kt0;
@@ -476,6 +559,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   if (!kF16) fill_tables(p, sm);
   build_routing(p, sm);
   const int nt = sm.num_touched;
+  prefetch_init(p, sm);
+  prefetch_advance(p, sm, false, 0, 0);
   stamp(p, 1);
 
   // Phase 0: quantise each routed row of x with its expert's FC1 input scale, one thread per
@@ -498,17 +583,20 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   // Phase 1: FC1 + epilogue per (expert, 32 intermediate columns), expert-major so neighbouring
   // CTAs stream neighbouring weight rows.
   const int C32 = p.i_pad / 32;
-  for (int item = blockIdx.x; item < nt * C32; item += gridDim.x) {
+  for (int item = blockIdx.x, k = 0; item < nt * C32; item += gridDim.x, ++k) {
+    prefetch_advance(p, sm, false, 0, k);
     if (p.gated) fc1_item<kG, true, kF16>(p, sm, item / C32, item % C32);
     else fc1_item<kG, false, kF16>(p, sm, item / C32, item % C32);
   }
+  prefetch_advance(p, sm, true, 0, 0);  // FC2's first weights stream in during the barrier
   stamp(p, 4);
   grid_sync(p.barrier);
   stamp(p, 5);
 
   // Phase 2: FC2 + top-k sum per 16 output columns.
   const int KC2 = fc2_chunks(nt, p.i_pad / 64, p.routes);
-  for (int rt = blockIdx.x; rt < p.h_pad / 16; rt += gridDim.x) fc2_item<kG, kF16>(p, sm, rt, KC2);
+  for (int rt = blockIdx.x, m = 0; rt < p.h_pad / 16; rt += gridDim.x, ++m)
+    fc2_item<kG, kF16>(p, sm, rt, KC2, m);
   stamp(p, 6);
 }
 
