@@ -26,19 +26,25 @@ bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why)
 }
 
 namespace {
-// The compiled variants: kG = 1 route group of 8 per weight pass (T ≤ 8: an expert then has at most
-// 8 routes unless a token names it twice) or 2; kF16 for NVFP4 weights with NVFP4 activations (a4).
-constexpr int kSmallT = 8;
+// The compiled variants: kG route groups of 8 per pass over a weight tile, and kF16 for NVFP4
+// weights with NVFP4 activations (a4). kG = 1 keeps twice the weight loads in flight per warp (the
+// loop is latency-bound, not arithmetic-bound), and an expert with more than 8 routes simply takes
+// more passes (its weights then come from L2). kG = 2 pays off only when the mean expert has more
+// than 8 routes: T·K routes over min(E, T·K) touched experts at most.
+bool wide_groups(const MoeConfig& c, int64_t tokens) {
+  const int64_t routes = tokens * c.top_k;
+  return routes > 8 * std::min<int64_t>(c.local_count(), routes);
+}
 bool f16_path(const MoeConfig& c) {
   return kernels::quant_kind(c.format, c.mode) == kernels::QuantKind::kNvfp4;
 }
 size_t smem_bytes(bool f16) { return f16 ? dm::kSmemBytes<true> : dm::kSmemBytes<false>; }
-void* kernel_for(int64_t tokens, bool f16) {
+void* kernel_for(bool wide, bool f16) {
   if (f16)
-    return tokens <= kSmallT ? reinterpret_cast<void*>(dm::direct_micro_kernel<1, true>)
-                             : reinterpret_cast<void*>(dm::direct_micro_kernel<2, true>);
-  return tokens <= kSmallT ? reinterpret_cast<void*>(dm::direct_micro_kernel<1, false>)
-                           : reinterpret_cast<void*>(dm::direct_micro_kernel<2, false>);
+    return wide ? reinterpret_cast<void*>(dm::direct_micro_kernel<2, true>)
+                : reinterpret_cast<void*>(dm::direct_micro_kernel<1, true>);
+  return wide ? reinterpret_cast<void*>(dm::direct_micro_kernel<2, false>)
+              : reinterpret_cast<void*>(dm::direct_micro_kernel<1, false>);
 }
 }  // namespace
 
@@ -55,8 +61,8 @@ DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeigh
   FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, w.device));
   // One grid for both variants: the smaller of their co-resident CTA counts.
   int per_sm = dm::kBlocksPerSm;
-  for (int64_t t : {int64_t{1}, int64_t{kSmallT + 1}}) {
-    const void* k = kernel_for(t, f16_path(c));
+  for (bool wide : {false, true}) {
+    const void* k = kernel_for(wide, f16_path(c));
     // The kernel's shared memory (lookup tables, routing, sums) is past the 48 KB default.
     FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem_bytes(f16_path(c)))));
@@ -111,7 +117,7 @@ void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicro
   p.out_fp32 = c.output_dtype == OutputDType::kFP32;
   p.trace = a.trace;
   void* args[] = {&p};
-  FP4MOE_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_for(a.tokens, f16_path(c)), ws.grid,
+  FP4MOE_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_for(wide_groups(c, a.tokens), f16_path(c)), ws.grid,
                                                 dm::kThreads, args, smem_bytes(f16_path(c)), a.stream));
 }
 

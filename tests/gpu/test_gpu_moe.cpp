@@ -220,6 +220,16 @@ TEST(GpuEdge, EveryRouteToOneExpert) {
   expect_matches_reference(s);
 }
 
+// direct_micro picks one route group of 8 per weight pass when the mean touched expert has at most
+// 8 routes (E = 512, T·K = 512 here), so the one expert that gets all 512 routes takes 64 passes.
+TEST(GpuEdge, DirectMicroEveryRouteToOneOf512Experts) {
+  REQUIRE_GPU();
+  ProblemSpec s{make_config(512, 256, 128, 8), 64, 9};
+  s.routing = ProblemSpec::Routing::kAllToOneExpert;
+  s.one_expert = 300;
+  expect_matches_reference(s);
+}
+
 TEST(GpuEdge, InvalidIdsContributeNothing) {
   REQUIRE_GPU();
   ProblemSpec s{make_config(16, 256, 128, 4), 40, 7};
