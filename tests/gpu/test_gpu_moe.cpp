@@ -212,22 +212,16 @@ TEST(GpuEdge, SingleTokenTopK1And8And10) {
   for (int K : {1, 8, 10}) expect_matches_reference({make_config(64, 512, 256, K), 1, static_cast<uint64_t>(K)});
 }
 
+// The second case runs on direct_micro too: it takes one route group of 8 per weight pass when the
+// mean touched expert has at most 8 routes (E = 512, T·K = 512), so the one expert that gets all 512
+// routes takes 64 passes.
 TEST(GpuEdge, EveryRouteToOneExpert) {
   REQUIRE_GPU();
-  ProblemSpec s{make_config(32, 256, 128, 4), 300, 6};
-  s.routing = ProblemSpec::Routing::kAllToOneExpert;
-  s.one_expert = 17;
-  expect_matches_reference(s);
-}
-
-// direct_micro picks one route group of 8 per weight pass when the mean touched expert has at most
-// 8 routes (E = 512, T·K = 512 here), so the one expert that gets all 512 routes takes 64 passes.
-TEST(GpuEdge, DirectMicroEveryRouteToOneOf512Experts) {
-  REQUIRE_GPU();
-  ProblemSpec s{make_config(512, 256, 128, 8), 64, 9};
-  s.routing = ProblemSpec::Routing::kAllToOneExpert;
-  s.one_expert = 300;
-  expect_matches_reference(s);
+  for (ProblemSpec s : {ProblemSpec{make_config(32, 256, 128, 4), 300, 6}, ProblemSpec{make_config(512, 256, 128, 8), 64, 9}}) {
+    s.routing = ProblemSpec::Routing::kAllToOneExpert;
+    s.one_expert = 17;
+    expect_matches_reference(s);
+  }
 }
 
 TEST(GpuEdge, InvalidIdsContributeNothing) {
