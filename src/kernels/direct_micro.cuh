@@ -119,7 +119,8 @@ static_assert(sizeof(Smem) % 16 == 0, "Tables follow Smem: 16-byte aligned for t
 template <bool kF16>
 inline constexpr size_t kSmemBytes = sizeof(Smem) + (kF16 ? 0 : sizeof(Tables));
 __device__ __forceinline__ Tables& tables(const Smem& sm) {
-  return *reinterpret_cast<Tables*>(const_cast<unsigned char*>(reinterpret_cast<const unsigned char*>(&sm)) + sizeof(Smem));
+  auto* base = const_cast<unsigned char*>(reinterpret_cast<const unsigned char*>(&sm));
+  return *reinterpret_cast<Tables*>(base + sizeof(Smem));
 }
 
 __device__ __forceinline__ int local_expert(const Params& p, int r) {
@@ -338,7 +339,8 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem& sm, con
 __device__ __forceinline__ void prefetch_range(const void* ptr, long long bytes) {
   constexpr long long kPiece = 32 << 10;
   const char* c = static_cast<const char*>(ptr);
-  for (long long o = 0; o < bytes; o += kPiece) ptx::prefetch_l2_bulk(c + o, static_cast<uint32_t>(min(kPiece, bytes - o)));
+  for (long long o = 0; o < bytes; o += kPiece)
+    ptx::prefetch_l2_bulk(c + o, static_cast<uint32_t>(min(kPiece, bytes - o)));
 }
 
 __device__ void prefetch_unit(const Params& p, const Smem& sm, const L2Prefetch& pf, int i) {

@@ -217,7 +217,8 @@ TEST(GpuEdge, SingleTokenTopK1And8And10) {
 // routes takes 64 passes.
 TEST(GpuEdge, EveryRouteToOneExpert) {
   REQUIRE_GPU();
-  for (ProblemSpec s : {ProblemSpec{make_config(32, 256, 128, 4), 300, 6}, ProblemSpec{make_config(512, 256, 128, 8), 64, 9}}) {
+  for (ProblemSpec s : {ProblemSpec{make_config(32, 256, 128, 4), 300, 6},
+                        ProblemSpec{make_config(512, 256, 128, 8), 64, 9}}) {
     s.routing = ProblemSpec::Routing::kAllToOneExpert;
     s.one_expert = 17;
     expect_matches_reference(s);
