@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call: configure, build with all cores, run every test (CPU and GPU),
 # then `fp4moe check` and `fp4moe bench` as asked, and print a short summary table last.
-#   scripts/device_run.sh [--no-tests] [--sanitize] [--bin DIR] [--stop-on-fail]
-#                         [--check "ARGS"]... [--bench "ARGS"]... [--plot] [--python]
+#   scripts/device_run.sh [--no-tests] [--filter GTEST_FILTER] [--sanitize] [--diag] [--bin DIR]
+#                         [--stop-on-fail] [--check "ARGS"]... [--bench "ARGS"]... [--plot] [--python]
 # --check and --bench may be repeated; they run in the order given, their output appended to
 # check.log / bench.log (bench results go to $OUT unless ARGS name an --out-dir). --stop-on-fail skips
 # the remaining checks and benches after one exits non-zero. --bin DIR: use the fp4moe already built
 # in DIR (e.g. from a clean worktree of a commit) instead of building; needs --no-tests. --no-tests
 # builds only the command. --plot runs bench/plot.py on every .jsonl in $OUT at the end. --python
 # installs the Python package (`pip install .`, all cores) and runs its pytest suite, GPU tests included.
+# --diag runs the DISABLED_ diagnostics (GpuDiagnostics.*: direct_micro's phase trace) into diag.log.
+# The GPU test binary runs under a 300 s timeout (rc 124: a hang, e.g. a pipeline wait).
 # Logs go to $OUT (or build-device/logs) so they come back with the device tool.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${OUT:-build-device/logs}
 mkdir -p "$OUTDIR"
-STEPS=() STOP_ON_FAIL=0 SANITIZE=0 TESTS=1 GTEST_FILTER="*" BIN="" PLOT=0 PYTHON=0
+STEPS=() STOP_ON_FAIL=0 SANITIZE=0 TESTS=1 GTEST_FILTER="*" BIN="" PLOT=0 PYTHON=0 DIAG=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-tests) TESTS=0 ;;
     --filter) GTEST_FILTER="$2"; shift ;;
     --sanitize) SANITIZE=1 ;;
+    --diag) DIAG=1 ;;
     --check) STEPS+=("check" "$2"); shift ;;
     --bench) STEPS+=("bench" "$2"); shift ;;
     --stop-on-fail) STOP_ON_FAIL=1 ;;
@@ -55,9 +58,14 @@ if [ $TESTS -eq 1 ]; then
   t1=$(date +%s)
   ./build-device/fp4moe_tests > "$OUTDIR/cpu_tests.log" 2>&1; rc=$?
   summary+=("cpu tests|rc=$rc|$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUTDIR/cpu_tests.log" | tr '\n' ' ')")
-  ./build-device/fp4moe_gpu_tests --gtest_filter="$GTEST_FILTER" > "$OUTDIR/gpu_tests.log" 2>&1; rc=$?
+  timeout 300 ./build-device/fp4moe_gpu_tests --gtest_filter="$GTEST_FILTER" > "$OUTDIR/gpu_tests.log" 2>&1; rc=$?
   grep -E "FAILED|Failure|error" "$OUTDIR/gpu_tests.log" | head -40
   summary+=("gpu tests|rc=$rc|$(( $(date +%s) - t1 ))s|$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUTDIR/gpu_tests.log" | tr '\n' ' ')")
+fi
+if [ $DIAG -eq 1 ] && [ $TESTS -eq 1 ]; then
+  timeout 120 ./build-device/fp4moe_gpu_tests --gtest_also_run_disabled_tests --gtest_filter='GpuDiagnostics.*' \
+    > "$OUTDIR/diag.log" 2>&1
+  summary+=("diagnostics|rc=$?")
 fi
 if [ $SANITIZE -eq 1 ]; then
   for tool in memcheck racecheck; do
