@@ -10,7 +10,7 @@
 # builds only the command. --plot runs bench/plot.py on every .jsonl in $OUT at the end. --python
 # installs the Python package (`pip install .`, all cores) and runs its pytest suite, GPU tests included.
 # --diag runs the DISABLED_ diagnostics (GpuDiagnostics.*: direct_micro's phase trace) into diag.log.
-# The GPU test binary runs under a 300 s timeout (rc 124: a hang, e.g. a pipeline wait).
+# The GPU test binary and each check/bench run under a 300 s timeout (rc 124: a hang, e.g. a pipeline wait).
 # Logs go to $OUT (or build-device/logs) so they come back with the device tool.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -83,7 +83,7 @@ for ((i = 0; i < ${#STEPS[@]}; i += 2)); do
   [ "$cmd" = bench ] && [[ " $args " != *" --out-dir "* ]] && extra="--out-dir $OUTDIR"
   log="$OUTDIR/$cmd.log"; t1=$(date +%s)
   echo "==== fp4moe $cmd $args $extra" >> "$log"
-  "$FP4MOE" $cmd $args $extra > "$log.part" 2>&1; rc=$?
+  timeout 300 "$FP4MOE" $cmd $args $extra > "$log.part" 2>&1; rc=$?
   cat "$log.part" >> "$log"
   [ "$cmd" = bench ] && grep -m1 '^ceilings' "$log.part"
   tail -4 "$log.part"; rm -f "$log.part"
