@@ -73,7 +73,8 @@ struct DirectMicroWorkspace {
   int max_routes = 0;  // routes (T·K) this workspace holds
   int grid = 0;        // co-resident CTAs of the compiled kernel on this device
   int64_t l2_window = 0;  // weight bytes a CTA may prefetch into L2 ahead of its use (from the L2 size)
-  DeviceBuffer a1, a2, barrier;
+  int fc2_parts = 1;      // CTAs per FC2 item (direct_micro.cuh Params::fc2_parts)
+  DeviceBuffer a1, a2, barrier, fc2_scratch, fc2_flags;
 };
 // RunArgs::trace of direct_micro: [grid][kDirectMicroTraceStamps] %globaltimer stamps per CTA (start, setup,
 // phase 0, barrier, phase 1, barrier, end).

@@ -77,10 +77,21 @@ DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeigh
   int l2 = 0;
   FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, w.device));
   l2_window = static_cast<int64_t>(l2) * 5 / 8 / grid;
+  // FC2 has h_pad / 16 items; when that is at most half the grid, 2..4 CTAs share each item by expert
+  // range, so every CTA streams FC2 weights (items · parts ≤ grid: no CTA holds two, none waits on itself).
+  const int items = w.h_pad / 16;
+  fc2_parts = std::clamp(grid / items, 1, dm::kMaxFc2Parts);
+  if (fc2_parts > 1) {
+    fc2_scratch = DeviceBuffer(static_cast<size_t>(items) * max_routes * 16 * sizeof(float), "workspace.dm_fc2_scratch");
+    fc2_flags = DeviceBuffer(static_cast<size_t>(items) * dm::kMaxFc2Parts * sizeof(unsigned), "workspace.dm_fc2_flags");
+    FP4MOE_CUDA_CHECK(cudaMemset(fc2_flags.get(), 0, fc2_flags.bytes()));
+  }
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());  // the memsets are done before any stream uses the buffers
 }
 
-size_t DirectMicroWorkspace::bytes() const { return a1.bytes() + a2.bytes() + barrier.bytes(); }
+size_t DirectMicroWorkspace::bytes() const {
+  return a1.bytes() + a2.bytes() + barrier.bytes() + fc2_scratch.bytes() + fc2_flags.bytes();
+}
 
 void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicroWorkspace& ws, const RunArgs& a) {
   dm::Params p{};
@@ -113,6 +124,9 @@ void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicro
   p.zero_row = ws.max_routes;
   p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
   p.l2_window = ws.l2_window;
+  p.fc2_parts = ws.fc2_parts;
+  p.fc2_scratch = ws.fc2_parts > 1 ? ws.fc2_scratch.get<float>() : nullptr;
+  p.fc2_flags = ws.fc2_parts > 1 ? ws.fc2_flags.get<unsigned>() : nullptr;
   p.out = a.out;
   p.out_fp32 = c.output_dtype == OutputDType::kFP32;
   p.trace = a.trace;

@@ -51,6 +51,7 @@ inline constexpr int kMaxRoutes = 512;   // T·K this kernel accepts (shared-mem
 inline constexpr int kMaxExperts = 1024; // E_local
 inline constexpr int kMaxGroups = 2;     // route groups of 8 per pass (template kG ≤ this)
 inline constexpr int kFc2Slots = 512;    // (k-chunk, route) rows of FC2 sums a CTA holds
+inline constexpr int kMaxFc2Parts = 4;   // CTAs that share one FC2 item's experts (fc2_parts)
 
 struct Params {
   // inputs
@@ -78,6 +79,12 @@ struct Params {
   int zero_row;
   GridBarrier barrier;
   long long l2_window;  // weight bytes a CTA may prefetch into L2 ahead of what it is streaming (L2Prefetch)
+  // FC2 items split over fc2_parts CTAs by touched-expert range when there are fewer items (h_pad / 16)
+  // than half the grid: parts 1.. leave their routes' sums in fc2_scratch [h_pad / 16][zero_row][16]
+  // and publish fc2_flags[rt · kMaxFc2Parts + part] = this launch's barrier epoch; part 0 adds all.
+  int fc2_parts;
+  float* fc2_scratch;
+  unsigned* fc2_flags;
   void* out;
   bool out_fp32;
   unsigned long long* trace;  // diagnostics: null, or [grid][kTraceStamps] %globaltimer stamps per CTA
@@ -353,8 +360,11 @@ __device__ void prefetch_unit(const Params& p, const Smem& sm, const L2Prefetch&
       prefetch_range(p.w13 + tile * 32, 2LL * KT * 512);
       prefetch_range(p.s13 + tile * 16 * sb, 2LL * KT * 16 * sb);
     }
-  } else {  // FC2 unit: expert slot u's tiles of output columns [16·rt, 16·rt + 16)
-    const int j = i - pf.n1, rt = blockIdx.x + (j / pf.nt) * gridDim.x, e = sm.touched[j % pf.nt];
+  } else {  // FC2 unit: expert slot u's tiles of output columns [16·rt, 16·rt + 16), if in the item's part
+    const int j = i - pf.n1, item = blockIdx.x + (j / pf.nt) * gridDim.x, u = j % pf.nt;
+    const int rt = item / p.fc2_parts, part = item % p.fc2_parts;
+    if (u < part * pf.nt / p.fc2_parts || u >= (part + 1) * pf.nt / p.fc2_parts) return;
+    const int e = sm.touched[u];
     const int KT = p.i_pad / 64, RT = p.h_pad / 16;
     const int64_t tile = (static_cast<int64_t>(e) * RT + rt) * KT;
     prefetch_range(p.w2 + tile * 32, static_cast<long long>(KT) * 512);
@@ -369,7 +379,7 @@ __device__ void prefetch_init(const Params& p, Smem& sm) {
   const int grid = gridDim.x, bid = blockIdx.x, sb = 64 / p.block;
   pf.nt = sm.num_touched, pf.c32 = p.i_pad / 32;
   pf.n1 = max(0, (pf.nt * pf.c32 - bid + grid - 1) / grid);
-  pf.total = pf.n1 + max(0, (p.h_pad / 16 - bid + grid - 1) / grid) * pf.nt;
+  pf.total = pf.n1 + max(0, (p.h_pad / 16 * p.fc2_parts - bid + grid - 1) / grid) * pf.nt;
   pf.b1 = static_cast<long long>(p.gated ? 4 : 2) * (p.h_pad / 64) * (512 + 16 * sb);
   pf.b2 = static_cast<long long>(p.i_pad / 64) * (512 + 16 * sb);
   pf.next = 0;
@@ -496,17 +506,21 @@ __device__ __forceinline__ int fc2_chunks(int touched, int KT, int routes) {
   return k_chunk_count(touched, KT, kWarps, min(fit, kWarps));
 }
 
-// Phase 2 item: output columns [16·rt, 16·rt + 16). Unit (expert slot u, k-chunk kc) → warp
-// unit % kWarps; sums per (kc, route) in shared memory; then each token's 16 outputs, once.
+// Phase 2 item: output columns [16·rt, 16·rt + 16) of the touched experts in slots [u0, u1) (part
+// `part` of p.fc2_parts). Unit (expert slot u, k-chunk kc) → warp unit % kWarps; sums per (kc, route)
+// in shared memory. Part 0 then writes each token's 16 outputs, once; other parts hand it their
+// routes' sums through fc2_scratch. The sum of a route (Σ over kc in order) and the top-k sum are
+// the same arithmetic however the item is split.
 template <int kG, bool kF16>
-__device__ void fc2_item(const Params& p, Smem& sm, int rt, int KC, int m) {
+__device__ void fc2_item(const Params& p, Smem& sm, int rt, int part, int KC, int m) {
   constexpr int kU = kG == 1 ? 4 : 2, kRoutes = 8 * kG;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int KT = p.i_pad / 64, RT = p.h_pad / 16, nt = sm.num_touched;
+  const int u0 = part * nt / p.fc2_parts, u1 = (part + 1) * nt / p.fc2_parts;
   const int per = (KT + KC - 1) / KC;
   const int sb = 64 / p.block;
-  for (int unit = warp; unit < nt * KC; unit += kWarps) {
-    const int u = unit / KC, kc = unit % KC;
+  for (int unit = warp; unit < (u1 - u0) * KC; unit += kWarps) {
+    const int u = u0 + unit / KC, kc = unit % KC;
     prefetch_advance(p, sm, true, m, u);  // thread 0 (warp 0) paces the window; the warps move together
     const int e = sm.touched[u], begin = sm.start[u], end = sm.start[u + 1];
     const int kt0 = kc * per, nkt = min(KT, kt0 + per) - kt0;  // ≥ 1 (k_chunk_count)
@@ -529,6 +543,30 @@ __device__ void fc2_item(const Params& p, Smem& sm, int rt, int KC, int m) {
     }
   }
   __syncthreads();
+  float* scratch = p.fc2_scratch + static_cast<int64_t>(rt) * p.zero_row * 16;  // [route][16] of this rt
+  unsigned* flags = p.fc2_flags + rt * kMaxFc2Parts;
+  if (part > 0) {  // hand this part's route sums to part 0
+    for (int i = threadIdx.x; i < p.routes * 16; i += kThreads) {
+      const int r = i >> 4, e = local_expert(p, r);
+      if (e < 0 || sm.count[e] < u0 || sm.count[e] >= u1) continue;  // count[e]: e's slot (build_routing)
+      float d = 0.f;
+      for (int kc = 0; kc < KC; ++kc) d += sm.u.fc2[kc * p.routes + r][i & 15];
+      scratch[i] = d;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) ptx::st_release_gpu(flags + part, ptx::ld_acquire_gpu(p.barrier.epoch));
+    __syncthreads();
+    return;
+  }
+  if (p.fc2_parts > 1) {  // part 0: wait for the others (all resident: a cooperative launch)
+    if (threadIdx.x == 0) {
+      const unsigned epoch = ptx::ld_acquire_gpu(p.barrier.epoch);  // this launch's, fixed after barrier 2
+      for (int q = 1; q < p.fc2_parts; ++q)
+        while (ptx::ld_acquire_gpu(flags + q) != epoch) __nanosleep(32);
+    }
+    __syncthreads();
+  }
   for (int i = threadIdx.x; i < p.tokens * 16; i += kThreads) {
     const int t = i >> 4, col = 16 * rt + (i & 15);
     if (col >= p.hidden) continue;
@@ -538,7 +576,11 @@ __device__ void fc2_item(const Params& p, Smem& sm, int rt, int KC, int m) {
       const int e = local_expert(p, r);
       if (e < 0) continue;
       float d = 0.f;
-      for (int kc = 0; kc < KC; ++kc) d += sm.u.fc2[kc * p.routes + r][i & 15];
+      if (sm.count[e] < u1) {
+        for (int kc = 0; kc < KC; ++kc) d += sm.u.fc2[kc * p.routes + r][i & 15];
+      } else {
+        d = __ldcg(scratch + r * 16 + (i & 15));  // written by another CTA in this launch: L2, not L1
+      }
       const float b = p.b2 ? p.b2[static_cast<int64_t>(e) * p.h_pad + col] : 0.f;
       // Weighted term rounded on its own, then added (no FMA contraction): the same arithmetic as a
       // K = 1 call per route followed by a slot-order sum, which the expert-parallel all-to-all path
@@ -597,8 +639,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
 
   // Phase 2: FC2 + top-k sum per 16 output columns.
   const int KC2 = fc2_chunks(nt, p.i_pad / 64, p.routes);
-  for (int rt = blockIdx.x, m = 0; rt < p.h_pad / 16; rt += gridDim.x, ++m)
-    fc2_item<kG, kF16>(p, sm, rt, KC2, m);
+  for (int item = blockIdx.x, m = 0; item < p.h_pad / 16 * p.fc2_parts; item += gridDim.x, ++m)
+    fc2_item<kG, kF16>(p, sm, item / p.fc2_parts, item % p.fc2_parts, KC2, m);
   stamp(p, 6);
 }
 
