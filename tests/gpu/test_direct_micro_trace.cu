@@ -36,6 +36,24 @@ __global__ void spin(unsigned long long ns) {
 
 void print_phases(const char* what, const std::vector<unsigned long long>& t, int grid) {
   constexpr int kStamps = gpu::kDirectMicroTraceStamps;
+  const char* names[kStamps] = {"start", "setup", "phase0", "barrier1", "fc1", "barrier2", "fc2"};
+  unsigned long long t0 = ~0ull;
+  for (int b = 0; b < grid; ++b) t0 = std::min(t0, t[b * kStamps]);
+  std::printf("  %s: last CTA at each stamp, µs after the first start (mean over CTAs)\n", what);
+  for (int i = 0; i < kStamps; ++i) {
+    unsigned long long mx = 0;
+    double mean = 0;
+    for (int b = 0; b < grid; ++b) {
+      mx = std::max(mx, t[b * kStamps + i] - t0);
+      mean += static_cast<double>(t[b * kStamps + i] - t0);
+    }
+    std::printf("    %-9s %8.2f  (%8.2f)\n", names[i], mx / 1e3, mean / grid / 1e3);
+  }
+}
+
+TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
+  REQUIRE_GPU();
+  constexpr int kStamps = gpu::kDirectMicroTraceStamps;
   int dev = 0, l2 = 0;
   GPU_CHECK(cudaGetDevice(&dev));
   GPU_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
