@@ -59,10 +59,8 @@ bool dynamic_supports(const DynamicWorkspace& ws, std::string* why);
 void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& gws, DynamicWorkspace& ws,
                     const RunArgs& a);
 // The dynamic GEMM alone, for the kernel-level tests: p with its tile schedule already on the device,
-// at most max_tiles m-tiles; the kernel reads the weights through p.w_frag / p.w_frag_scales
-// (fragment order, device_weights.h), not p.w_packed / p.w_scales. watchdog: null, or a zeroed
-// device int[kernels::ptx::kWatchdogReportInts] that a pipeline wait which timed out fills
-// (kernels/common/mbarrier.cuh says with what).
+// at most max_tiles m-tiles. watchdog: null, or a zeroed device int[kernels::ptx::kWatchdogReportInts]
+// that a pipeline wait which timed out fills (kernels/common/mbarrier.cuh says with what).
 void launch_dynamic_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, bool fc1, int64_t max_tiles,
                          int* watchdog, cudaStream_t stream);
 

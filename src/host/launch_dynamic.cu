@@ -3,10 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdint>
 
 #include "fp4moe/errors.h"
-#include "host/device_weights.h"
 #include "host/launch.h"
 #include "kernels/common/moe_gemm.cuh"
 #include "kernels/dynamic.cuh"
@@ -28,16 +26,6 @@ int64_t max_tiles(int64_t routes, int experts) {
 // multiple of BN.
 int n_tiles_of(const kernels::MoeGemmParams& p, bool fc1) {
   return fc1 && p.gated ? p.i_pad / (dk::BN / 2) : (p.w_rows + dk::BN - 1) / dk::BN;
-}
-
-// generic's GEMM parameters plus the fragment-order copy of the weights, which the producer's bulk
-// copies read (the decode kernels' copy: no third copy of the weights on the GPU).
-kernels::MoeGemmParams gemm_params(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& gws, const RunArgs& a,
-                                   bool fc1) {
-  kernels::MoeGemmParams p = moe_gemm_params(c, w, gws, a, fc1);
-  p.w_frag = (fc1 ? w.w13_frag : w.w2_frag).get<uint8_t>();
-  p.w_frag_scales = (fc1 ? w.w13_frag_scales : w.w2_frag_scales).get<uint8_t>();
-  return p;
 }
 
 template <bool kFc1>
@@ -84,11 +72,6 @@ void launch_dynamic_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParam
   FP4MOE_REQUIRE(ws.unsupported.empty(), Unsupported, "backend", "dynamic: ", ws.unsupported);
   FP4MOE_REQUIRE(p.k_pad % dk::BK == 0 && p.k_pad > 0, InvalidArgument, "k_pad", "must be a positive multiple of ",
                  dk::BK, ", got ", p.k_pad);
-  // The producer bulk-copies whole 16-row fragment tiles (16-byte aligned sources).
-  FP4MOE_REQUIRE(p.w_rows % 16 == 0, InvalidArgument, "w_rows", "must be a multiple of 16, got ", p.w_rows);
-  FP4MOE_REQUIRE(p.w_frag && p.w_frag_scales && reinterpret_cast<uintptr_t>(p.w_frag) % 16 == 0 &&
-                     reinterpret_cast<uintptr_t>(p.w_frag_scales) % 16 == 0,
-                 InvalidArgument, "w_frag", "dynamic reads the fragment-order weights: set, 16-byte aligned");
   if (fc1) launch_gemm<true>(ws, p, max_tiles, watchdog, stream);
   else launch_gemm<false>(ws, p, max_tiles, watchdog, stream);
 }
@@ -98,8 +81,8 @@ void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace
   const int64_t tiles = max_tiles(a.tokens * c.top_k, c.local_count());
   launch_route(c, gws, a, dk::BM);
   launch_gather_quantize(c, w, gws, a);
-  launch_gemm<true>(ws, gemm_params(c, w, gws, a, true), tiles, nullptr, a.stream);
-  launch_gemm<false>(ws, gemm_params(c, w, gws, a, false), tiles, nullptr, a.stream);
+  launch_gemm<true>(ws, moe_gemm_params(c, w, gws, a, true), tiles, nullptr, a.stream);
+  launch_gemm<false>(ws, moe_gemm_params(c, w, gws, a, false), tiles, nullptr, a.stream);
   launch_combine(c, gws, a);
 }
 

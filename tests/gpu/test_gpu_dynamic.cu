@@ -27,7 +27,6 @@
 
 #include "fp4moe/formats.h"
 #include "gpu/gpu_util.h"
-#include "host/device_weights.h"
 #include "host/launch.h"
 #include "kernels/common/mbarrier.cuh"
 #include "kernels/common/moe_gemm.cuh"
@@ -149,17 +148,6 @@ std::string describe(const GemmCase& g) {
   return s.str();
 }
 
-const char* barrier_name(int what) {
-  namespace dk = kernels::dynamic;
-  switch (what) {
-    case dk::kWaitEmpty: return "empty";
-    case dk::kWaitFull: return "full";
-    case dk::kWaitRawEmpty: return "raw_empty";
-    case dk::kWaitRawFull: return "raw_full";
-    default: return "?";
-  }
-}
-
 void run_gemm_case(const GemmCase& g, uint64_t seed) {
   const int E = static_cast<int>(g.rows_per_expert.size()), N = g.n, K = g.k, bs = g.nvfp4 ? 16 : 32;
   const int BM = kernels::dynamic::BM;
@@ -192,9 +180,6 @@ void run_gemm_case(const GemmCase& g, uint64_t seed) {
 
   DeviceArray<uint16_t> d_a(a);
   DeviceArray<uint8_t> d_codes(codes), d_scales(scales);
-  std::vector<uint8_t> fcodes, fscales;  // what the kernel reads: the decode kernels' fragment order
-  gpu::to_fragment_order(codes, scales, E, N, K, bs, fcodes, fscales);
-  DeviceArray<uint8_t> d_fcodes(fcodes), d_fscales(fscales);
   DeviceArray<int> d_offset(offset), d_tile_expert(tile_expert), d_tile_row0(tile_row0), d_num_tiles(std::vector<int>{tiles});
   std::vector<int> route(rows);
   for (int r = 0; r < rows; ++r) route[r] = r;
@@ -209,8 +194,6 @@ void run_gemm_case(const GemmCase& g, uint64_t seed) {
   p.a = reinterpret_cast<const __nv_bfloat16*>(d_a.get());
   p.w_packed = d_codes.get();
   p.w_scales = d_scales.get();
-  p.w_frag = d_fcodes.get();
-  p.w_frag_scales = d_fscales.get();
   p.w_rows = N, p.k_pad = K;
   p.nvfp4 = g.nvfp4, p.block = bs;
   p.tile_expert = d_tile_expert.get(), p.tile_row0 = d_tile_row0.get(), p.num_tiles = d_num_tiles.get();
@@ -229,7 +212,7 @@ void run_gemm_case(const GemmCase& g, uint64_t seed) {
   GPU_CHECK(cudaDeviceSynchronize());
   const auto wd = d_watchdog.download();
   ASSERT_EQ(wd[0], 0) << describe(g) << ": pipeline watchdog fired: block " << wd[1] << " thread " << wd[2]
-                      << " step " << wd[3] << " waiting on " << barrier_name(wd[4])
+                      << " step " << wd[3] << " waiting on " << (wd[4] == kernels::dynamic::kWaitEmpty ? "empty" : "full")
                       << " parity " << wd[5];
   const auto y = d_y.download();
 

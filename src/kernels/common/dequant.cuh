@@ -10,7 +10,6 @@
 #include <cstdint>
 
 #include "fp4moe/formats.h"
-#include "kernels/common/dequant_bits.h"
 
 namespace fp4moe::kernels {
 
@@ -48,15 +47,6 @@ __device__ __forceinline__ void dequant16(const E2m1x2Table& t, uint2 packed, __
   }
   out[0] = make_uint4(w[0], w[1], w[2], w[3]);
   out[1] = make_uint4(w[4], w[5], w[6], w[7]);
-}
-
-// One fragment-order word (dequant_bits.h: bytes (g, k) (g+8, k) (g, k+8) (g+8, k+8)) through the
-// byte table: out[b] = byte b's two codes × the scale of its row (s_g or s_g8, bf16x2 broadcast).
-// The MXFP4 path of the dynamic producer (UE8M0 scales are too wide for dequant_word_nvfp4's trick).
-__device__ __forceinline__ void dequant_word_table(const E2m1x2Table& t, uint32_t w, uint32_t s_g, uint32_t s_g8,
-                                                   uint32_t (&out)[4]) {
-#pragma unroll
-  for (int b = 0; b < 4; ++b) out[b] = bf16x2_mul(t.v[(w >> (8 * b)) & 0xFF], (b & 1) ? s_g8 : s_g);
 }
 
 }  // namespace fp4moe::kernels

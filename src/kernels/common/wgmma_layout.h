@@ -78,15 +78,4 @@ FP4MOE_HD ChunkCoord a_copy_chunk(int rows, int t, int i) {
   return {64 * sweep + 16 * warp + (lane & 15), 2 * pair + (lane >> 4)};
 }
 
-// The producer's dequantised weight stores (bf16x2, 4 bytes each), from fragment-order tiles of 16
-// rows × 64 k (device_weights.h): tile q's lane l = 4g + c holds, in word kk, byte b, the codes of
-// row 16q + g + 8·(b & 1) at k = 16·kk + 8·(b >> 1) + 2c and k + 1. For fixed (q, kk, b) the 32 lanes'
-// pairs fill one core matrix (8 rows × 16 bytes, 128 contiguous bytes): conflict-free stores.
-struct PairCoord {
-  int row, k;
-};
-FP4MOE_HD PairCoord fragment_pair(int q, int lane, int kk, int b) {
-  return {16 * q + (lane >> 2) + 8 * (b & 1), 16 * kk + 8 * (b >> 1) + 2 * (lane & 3)};
-}
-
 }  // namespace fp4moe::kernels::wgmma
