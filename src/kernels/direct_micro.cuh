@@ -389,7 +389,7 @@ __device__ void prefetch_init(const Params& p, Smem& sm) {
 // slot k (fc2 = true): top the window up. Thread 0 only; the state lives in shared memory so it
 // costs the GEMM loops no registers.
 __device__ void prefetch_advance(const Params& p, Smem& sm, bool fc2, int m, int k) {
-  if (threadIdx.x != 0) return;
+  if (threadIdx.x != 0 || p.l2_window < 0) return;  // < 0: off (the phase-trace diagnostic compares)
   L2Prefetch& pf = sm.pf;
   const int consumed = fc2 ? pf.n1 + m * pf.nt + k : k;
   int next = max(pf.next, consumed);

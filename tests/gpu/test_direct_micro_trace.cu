@@ -34,21 +34,24 @@ __global__ void spin(unsigned long long ns) {
   do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < ns);
 }
 
+// One line per launch: the last CTA at each stamp, µs after the first CTA started (fc2: also the mean).
 void print_phases(const char* what, const std::vector<unsigned long long>& t, int grid) {
   constexpr int kStamps = gpu::kDirectMicroTraceStamps;
   const char* names[kStamps] = {"start", "setup", "phase0", "barrier1", "fc1", "barrier2", "fc2"};
   unsigned long long t0 = ~0ull;
   for (int b = 0; b < grid; ++b) t0 = std::min(t0, t[b * kStamps]);
-  std::printf("  %s: last CTA at each stamp, µs after the first start (mean over CTAs)\n", what);
-  for (int i = 0; i < kStamps; ++i) {
+  std::printf("  %-26s", what);
+  double mean = 0;
+  for (int i = 1; i < kStamps; ++i) {
     unsigned long long mx = 0;
-    double mean = 0;
+    mean = 0;
     for (int b = 0; b < grid; ++b) {
       mx = std::max(mx, t[b * kStamps + i] - t0);
       mean += static_cast<double>(t[b * kStamps + i] - t0);
     }
-    std::printf("    %-9s %8.2f  (%8.2f)\n", names[i], mx / 1e3, mean / grid / 1e3);
+    std::printf(" %s %7.2f", names[i], mx / 1e3);
   }
+  std::printf("  (fc2 mean %7.2f)\n", mean / grid / 1e3);
 }
 
 TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
@@ -84,17 +87,30 @@ TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
       for (int rep = 0; rep < 3; ++rep) gpu::launch_direct_micro(c, *w, ws, a);
       GPU_CHECK(cudaDeviceSynchronize());
       a.trace = trace.get();
-      std::printf("%s T=%lld grid %d\n", model, static_cast<long long>(T), ws.grid);
-      // As the bench times it: weights evicted from L2 first. Then again with the weights in L2.
-      spin<<<ws.grid, 32>>>(20'000'000ull);  // the synchronize above let the GPU idle
-      flush_read<<<1056, 256>>>(flush_buf.get(), flush_n, sink.get());
-      GPU_CHECK(cudaGetLastError());
-      gpu::launch_direct_micro(c, *w, ws, a);
-      GPU_CHECK(cudaDeviceSynchronize());
-      print_phases("L2 flushed", trace.download(), ws.grid);
-      gpu::launch_direct_micro(c, *w, ws, a);
-      GPU_CHECK(cudaDeviceSynchronize());
-      print_phases("weights in L2", trace.download(), ws.grid);
+      std::printf("%s T=%lld grid %d fc2_parts %d l2_window %lld\n", model, static_cast<long long>(T), ws.grid,
+                  ws.fc2_parts, static_cast<long long>(ws.l2_window));
+      // As the bench times it (weights evicted from L2 first), with and without the L2 prefetch and the
+      // FC2 split; then with the weights already in L2.
+      const int64_t window = ws.l2_window;
+      const int parts = ws.fc2_parts;
+      struct Run {
+        const char* what;
+        int64_t window;
+        int parts;
+        bool flush;
+      };
+      for (const Run& r : {Run{"L2 flushed", window, parts, true}, Run{"L2 flushed, no prefetch", -1, parts, true},
+                           Run{"L2 flushed, FC2 unsplit", window, 1, true}, Run{"weights in L2", window, parts, false}}) {
+        ws.l2_window = r.window, ws.fc2_parts = r.parts;
+        spin<<<ws.grid, 32>>>(20'000'000ull);  // the host work between launches let the GPU idle
+        if (r.flush) flush_read<<<1056, 256>>>(flush_buf.get(), flush_n, sink.get());
+        else gpu::launch_direct_micro(c, *w, ws, gpu::RunArgs{a.x, a.ids, a.ids_type, a.topk_weights, a.out, T, nullptr});
+        GPU_CHECK(cudaGetLastError());
+        gpu::launch_direct_micro(c, *w, ws, a);
+        GPU_CHECK(cudaDeviceSynchronize());
+        print_phases(r.what, trace.download(), ws.grid);
+      }
+      ws.l2_window = window, ws.fc2_parts = parts;
     }
   }
 }
