@@ -70,7 +70,6 @@ struct DirectMicroWorkspace {
   size_t bytes() const;
   int max_routes = 0;  // routes (T·K) this workspace holds
   int grid = 0;        // co-resident CTAs of the compiled kernel on this device
-  int64_t l2_window = 0;  // weight bytes a CTA may prefetch into L2 ahead of its use (from the L2 size)
   int fc2_parts = 1;      // CTAs per FC2 item (direct_micro.cuh Params::fc2_parts)
   DeviceBuffer a1, a2, barrier, fc2_scratch, fc2_flags;
 };

@@ -72,11 +72,6 @@ DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeigh
   }
   FP4MOE_REQUIRE(per_sm >= 1, Unsupported, "backend", "direct_micro cannot be resident on this device");
   grid = sms * per_sm;
-  // The L2 prefetch window: 5/8 of the L2 spread over the CTAs, leaving the rest to the lines being
-  // read, A1/A2 and the other streams' data.
-  int l2 = 0;
-  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, w.device));
-  l2_window = static_cast<int64_t>(l2) * 5 / 8 / grid;
   // FC2 has h_pad / 16 items; when that is at most half the grid, 2..4 CTAs share each item by expert
   // range, so every CTA streams FC2 weights (items · parts ≤ grid: no CTA holds two, none waits on itself).
   const int items = w.h_pad / 16;
@@ -123,7 +118,6 @@ void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicro
   p.a2 = ws.a2.get<__nv_bfloat16>();
   p.zero_row = ws.max_routes;
   p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
-  p.l2_window = ws.l2_window;
   p.fc2_parts = ws.fc2_parts;
   p.fc2_scratch = ws.fc2_parts > 1 ? ws.fc2_scratch.get<float>() : nullptr;
   p.fc2_flags = ws.fc2_parts > 1 ? ws.fc2_flags.get<unsigned>() : nullptr;

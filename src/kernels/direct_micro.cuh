@@ -14,9 +14,6 @@
 //             every touched expert, leave per-route sums in shared memory, and the CTA writes
 //             out[t] = Σ_j w[t,j]·(alpha2·Σ_kc + b2) in slot order — each output element once
 //
-// Weights are prefetched into L2 by the bulk-copy unit ahead of their use, in the order each CTA
-// streams them (L2Prefetch): FC2's bytes do not wait for barrier 2, nor FC1's for phase 0.
-//
 // Every sum runs in a fixed order, so results are deterministic. Neither GEMM leaves partial sums in
 // global memory: the only cross-CTA traffic is A1 and A2.
 //
@@ -78,7 +75,6 @@ struct Params {
   __nv_bfloat16* a2;  // [zero_row + 1][i_pad]
   int zero_row;
   GridBarrier barrier;
-  long long l2_window;  // weight bytes a CTA may prefetch into L2 ahead of what it is streaming (L2Prefetch)
   // FC2 items split over fc2_parts CTAs by touched-expert range when there are fewer items (h_pad / 16)
   // than half the grid: parts 1.. leave their routes' sums in fc2_scratch [h_pad / 16][zero_row][16]
   // and publish fc2_flags[rt · kMaxFc2Parts + part] = this launch's barrier epoch; part 0 adds all.
@@ -90,14 +86,6 @@ struct Params {
   unsigned long long* trace;  // diagnostics: null, or [grid][kTraceStamps] %globaltimer stamps per CTA
 };
 inline constexpr int kTraceStamps = 7;  // start, setup, phase 0, barrier, phase 1, barrier, end
-
-struct L2Prefetch {
-  int n1, total;        // FC1 units (this CTA's items), FC1 + FC2 units
-  int nt, c32;          // touched experts, FC1 items per expert
-  long long b1, b2;     // bytes per FC1 unit, per FC2 unit
-  int next;             // first unit not yet prefetched
-  __device__ long long offset(int i) const { return i < n1 ? i * b1 : n1 * b1 + (i - n1) * b2; }
-};
 
 // The bf16 path's lookup tables, placed right after Smem in dynamic shared memory; the f16 path
 // (kF16) needs none and its launch leaves them out (40 KB less per CTA).
@@ -113,7 +101,6 @@ struct alignas(16) Smem {
   int start[kMaxExperts + 1];  // their route-list offsets
   int list[kMaxRoutes];        // route indices grouped by expert
   int num_touched;
-  L2Prefetch pf;                         // thread 0's L2 prefetch state
   union {
     struct {
       float part[kWarps][8 * kMaxGroups][64];  // FC1 per-warp partial sums [warp][route in pass][up 0..31, gate 32..63]
@@ -336,68 +323,6 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem& sm, con
   }
 }
 
-// L2 prefetch of the weights this CTA streams, in the order it streams them: its FC1 items, then for
-// each of its FC2 items the (touched expert, 16 output columns) blocks. None of it depends on an
-// earlier phase, so the bytes come from HBM while the CTA is still in setup, phase 0, the barriers or
-// the previous item, and the GEMM loops (whose loads in flight are capped by registers) wait on L2
-// latency instead of HBM's. One bulk prefetch per contiguous range (ptx::prefetch_l2_bulk). At most
-// p.l2_window bytes ahead of the unit being consumed, but always the next unit: the host sizes the
-// window from the L2 capacity so nothing prefetched is evicted before it is read. Thread 0 runs it.
-__device__ __forceinline__ void prefetch_range(const void* ptr, long long bytes) {
-  constexpr long long kPiece = 32 << 10;
-  const char* c = static_cast<const char*>(ptr);
-  for (long long o = 0; o < bytes; o += kPiece)
-    ptx::prefetch_l2_bulk(c + o, static_cast<uint32_t>(min(kPiece, bytes - o)));
-}
-
-__device__ void prefetch_unit(const Params& p, const Smem& sm, const L2Prefetch& pf, int i) {
-  const int sb = 64 / p.block;
-  if (i < pf.n1) {  // FC1 item: the up pair and the gate pair of 16-row tiles, each pair contiguous
-    const int item = blockIdx.x + i * gridDim.x, e = sm.touched[item / pf.c32], cb = item % pf.c32;
-    const int KT = p.h_pad / 64, RT = (p.gated ? 2 * p.i_pad : p.i_pad) / 16;
-    for (int h = 0; h < (p.gated ? 2 : 1); ++h) {
-      const int64_t tile = (static_cast<int64_t>(e) * RT + (h ? p.i_pad / 16 : 0) + 2 * cb) * KT;
-      prefetch_range(p.w13 + tile * 32, 2LL * KT * 512);
-      prefetch_range(p.s13 + tile * 16 * sb, 2LL * KT * 16 * sb);
-    }
-  } else {  // FC2 unit: expert slot u's tiles of output columns [16·rt, 16·rt + 16), if in the item's part
-    const int j = i - pf.n1, item = blockIdx.x + (j / pf.nt) * gridDim.x, u = j % pf.nt;
-    const int rt = item / p.fc2_parts, part = item % p.fc2_parts;
-    if (u < part * pf.nt / p.fc2_parts || u >= (part + 1) * pf.nt / p.fc2_parts) return;
-    const int e = sm.touched[u];
-    const int KT = p.i_pad / 64, RT = p.h_pad / 16;
-    const int64_t tile = (static_cast<int64_t>(e) * RT + rt) * KT;
-    prefetch_range(p.w2 + tile * 32, static_cast<long long>(KT) * 512);
-    prefetch_range(p.s2 + tile * 16 * sb, static_cast<long long>(KT) * 16 * sb);
-  }
-}
-
-// After build_routing, thread 0.
-__device__ void prefetch_init(const Params& p, Smem& sm) {
-  if (threadIdx.x != 0) return;
-  L2Prefetch& pf = sm.pf;
-  const int grid = gridDim.x, bid = blockIdx.x, sb = 64 / p.block;
-  pf.nt = sm.num_touched, pf.c32 = p.i_pad / 32;
-  pf.n1 = max(0, (pf.nt * pf.c32 - bid + grid - 1) / grid);
-  pf.total = pf.n1 + max(0, (p.h_pad / 16 * p.fc2_parts - bid + grid - 1) / grid) * pf.nt;
-  pf.b1 = static_cast<long long>(p.gated ? 4 : 2) * (p.h_pad / 64) * (512 + 16 * sb);
-  pf.b2 = static_cast<long long>(p.i_pad / 64) * (512 + 16 * sb);
-  pf.next = 0;
-}
-
-// The CTA starts consuming its FC1 item k (fc2 = false) or, in its FC2 item m, the units of expert
-// slot k (fc2 = true): top the window up. Thread 0 only; the state lives in shared memory so it
-// costs the GEMM loops no registers.
-__device__ void prefetch_advance(const Params& p, Smem& sm, bool fc2, int m, int k) {
-  if (threadIdx.x != 0 || p.l2_window < 0) return;  // < 0: off (the phase-trace diagnostic compares)
-  L2Prefetch& pf = sm.pf;
-  const int consumed = fc2 ? pf.n1 + m * pf.nt + k : k;
-  int next = max(pf.next, consumed);
-  const long long limit = pf.offset(consumed) + p.l2_window;
-  while (next < pf.total && (next <= consumed + 1 || pf.offset(next) < limit)) prefetch_unit(p, sm, pf, next++);
-  pf.next = next;
-}
-
 // This lane's B row for each route group of the pass starting at list position `base`: the row of
 // route list[base + 8q + g], or the zero row past the expert's routes.
 template <int kG>
@@ -512,7 +437,7 @@ __device__ __forceinline__ int fc2_chunks(int touched, int KT, int routes) {
 // routes' sums through fc2_scratch. The sum of a route (Σ over kc in order) and the top-k sum are
 // the same arithmetic however the item is split.
 template <int kG, bool kF16>
-__device__ void fc2_item(const Params& p, Smem& sm, int rt, int part, int KC, int m) {
+__device__ void fc2_item(const Params& p, Smem& sm, int rt, int part, int KC) {
   constexpr int kU = kG == 1 ? 4 : 2, kRoutes = 8 * kG;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int KT = p.i_pad / 64, RT = p.h_pad / 16, nt = sm.num_touched;
@@ -521,7 +446,6 @@ __device__ void fc2_item(const Params& p, Smem& sm, int rt, int part, int KC, in
   const int sb = 64 / p.block;
   for (int unit = warp; unit < (u1 - u0) * KC; unit += kWarps) {
     const int u = u0 + unit / KC, kc = unit % KC;
-    prefetch_advance(p, sm, true, m, u);  // thread 0 (warp 0) paces the window; the warps move together
     const int e = sm.touched[u], begin = sm.start[u], end = sm.start[u + 1];
     const int kt0 = kc * per, nkt = min(KT, kt0 + per) - kt0;  // ≥ 1 (k_chunk_count)
     const int64_t tile0 = (static_cast<int64_t>(e) * RT + rt) * KT + kt0;
@@ -603,8 +527,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   if (!kF16) fill_tables(p, sm);
   build_routing(p, sm);
   const int nt = sm.num_touched;
-  prefetch_init(p, sm);
-  prefetch_advance(p, sm, false, 0, 0);
   stamp(p, 1);
 
   // Phase 0: quantise each routed row of x with its expert's FC1 input scale, one thread per
@@ -627,20 +549,18 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   // Phase 1: FC1 + epilogue per (expert, 32 intermediate columns), expert-major so neighbouring
   // CTAs stream neighbouring weight rows.
   const int C32 = p.i_pad / 32;
-  for (int item = blockIdx.x, k = 0; item < nt * C32; item += gridDim.x, ++k) {
-    prefetch_advance(p, sm, false, 0, k);
+  for (int item = blockIdx.x; item < nt * C32; item += gridDim.x) {
     if (p.gated) fc1_item<kG, true, kF16>(p, sm, item / C32, item % C32);
     else fc1_item<kG, false, kF16>(p, sm, item / C32, item % C32);
   }
-  prefetch_advance(p, sm, true, 0, 0);  // FC2's first weights stream in during the barrier
   stamp(p, 4);
   grid_sync(p.barrier);
   stamp(p, 5);
 
   // Phase 2: FC2 + top-k sum per 16 output columns.
   const int KC2 = fc2_chunks(nt, p.i_pad / 64, p.routes);
-  for (int item = blockIdx.x, m = 0; item < p.h_pad / 16 * p.fc2_parts; item += gridDim.x, ++m)
-    fc2_item<kG, kF16>(p, sm, item / p.fc2_parts, item % p.fc2_parts, KC2, m);
+  for (int item = blockIdx.x; item < p.h_pad / 16 * p.fc2_parts; item += gridDim.x)
+    fc2_item<kG, kF16>(p, sm, item / p.fc2_parts, item % p.fc2_parts, KC2);
   stamp(p, 6);
 }
 

@@ -87,21 +87,18 @@ TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
       for (int rep = 0; rep < 3; ++rep) gpu::launch_direct_micro(c, *w, ws, a);
       GPU_CHECK(cudaDeviceSynchronize());
       a.trace = trace.get();
-      std::printf("%s T=%lld grid %d fc2_parts %d l2_window %lld\n", model, static_cast<long long>(T), ws.grid,
-                  ws.fc2_parts, static_cast<long long>(ws.l2_window));
-      // As the bench times it (weights evicted from L2 first), with and without the L2 prefetch and the
-      // FC2 split; then with the weights already in L2.
-      const int64_t window = ws.l2_window;
+      std::printf("%s T=%lld grid %d fc2_parts %d\n", model, static_cast<long long>(T), ws.grid, ws.fc2_parts);
+      // As the bench times it (weights evicted from L2 first), with and without the FC2 split; then
+      // with the weights already in L2.
       const int parts = ws.fc2_parts;
       struct Run {
         const char* what;
-        int64_t window;
         int parts;
         bool flush;
       };
-      for (const Run& r : {Run{"L2 flushed", window, parts, true}, Run{"L2 flushed, no prefetch", -1, parts, true},
-                           Run{"L2 flushed, FC2 unsplit", window, 1, true}, Run{"weights in L2", window, parts, false}}) {
-        ws.l2_window = r.window, ws.fc2_parts = r.parts;
+      for (const Run& r : {Run{"L2 flushed", parts, true}, Run{"L2 flushed, FC2 unsplit", 1, true},
+                           Run{"weights in L2", parts, false}}) {
+        ws.fc2_parts = r.parts;
         spin<<<ws.grid, 32>>>(20'000'000ull);  // the host work between launches let the GPU idle
         if (r.flush) flush_read<<<1056, 256>>>(flush_buf.get(), flush_n, sink.get());
         else gpu::launch_direct_micro(c, *w, ws, gpu::RunArgs{a.x, a.ids, a.ids_type, a.topk_weights, a.out, T, nullptr});
@@ -110,7 +107,7 @@ TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
         GPU_CHECK(cudaDeviceSynchronize());
         print_phases(r.what, trace.download(), ws.grid);
       }
-      ws.l2_window = window, ws.fc2_parts = parts;
+      ws.fc2_parts = parts;
     }
   }
 }

@@ -61,13 +61,6 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return r;
 }
 
-// Asynchronous prefetch of [p, p + bytes) from global memory into L2 by the bulk-copy (TMA) unit
-// (sm_90+): one instruction per contiguous range, no registers or shared memory held while the bytes
-// are in flight. p and bytes must be multiples of 16.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-}
-
 // Acquire / release accesses at GPU scope, for the grid barrier.
 __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
   unsigned v;
