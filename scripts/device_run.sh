@@ -4,18 +4,24 @@
 #   scripts/device_run.sh [--no-tests] [--filter GTEST_FILTER] [--sanitize] [--diag] [--bin DIR]
 #                         [--stop-on-fail] [--check "ARGS"]... [--bench "ARGS"]... [--plot] [--python]
 # --check and --bench may be repeated; they run in the order given, their output appended to
-# check.log / bench.log (bench results go to $OUT unless ARGS name an --out-dir). --stop-on-fail skips
+# check.log / bench.log (bench results go to the log directory unless ARGS name an --out-dir). --stop-on-fail skips
 # the remaining checks and benches after one exits non-zero. --bin DIR: use the fp4moe already built
 # in DIR (e.g. from a clean worktree of a commit) instead of building; needs --no-tests. --no-tests
-# builds only the command. --plot runs bench/plot.py on every .jsonl in $OUT at the end. --python
+# builds only the command. --plot runs bench/plot.py on every .jsonl in the log directory at the end. --python
 # installs the Python package (`pip install .`, all cores) and runs its pytest suite, GPU tests included.
 # --diag runs the DISABLED_ diagnostics (GpuDiagnostics.*: direct_micro's phase trace) into diag.log.
 # The GPU test binary and each check/bench run under a 300 s timeout (rc 124: a hang, e.g. a pipeline wait).
-# Logs go to $OUT (or build-device/logs) so they come back with the device tool.
+# Logs and bench results go to build-device/logs; when $OUT is set (the device tool) they are also
+# packed into $OUT/logs.tgz on exit, including an exit by SIGTERM (wrap the call in `timeout` below
+# the tool's limit so a long run still returns its logs): the tool brings back only a few files.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUTDIR=${OUT:-build-device/logs}
-mkdir -p "$OUTDIR"
+OUTDIR=build-device/logs
+rm -rf "$OUTDIR" && mkdir -p "$OUTDIR"
+if [ -n "${OUT:-}" ]; then
+  trap 'tar czf "$OUT/logs.tgz" -C "$OUTDIR" .' EXIT
+  trap 'exit 143' TERM
+fi
 STEPS=() STOP_ON_FAIL=0 SANITIZE=0 TESTS=1 GTEST_FILTER="*" BIN="" PLOT=0 PYTHON=0 DIAG=0
 while [ $# -gt 0 ]; do
   case "$1" in
