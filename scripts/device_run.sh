@@ -2,13 +2,17 @@
 # On the GPU machine, in one call: configure, build with all cores, run every test (CPU and GPU),
 # then `fp4moe check` and `fp4moe bench` as asked, and print a short summary table last.
 #   scripts/device_run.sh [--no-tests] [--filter GTEST_FILTER] [--sanitize] [--diag] [--bin DIR]
-#                         [--stop-on-fail] [--check "ARGS"]... [--bench "ARGS"]... [--plot] [--python]
+#                         [--stop-on-fail] [--check "ARGS"]... [--bench "ARGS"]... [--ncu "REGEX::ARGS"]...
+#                         [--plot] [--python]
 # --check and --bench may be repeated; they run in the order given, their output appended to
 # check.log / bench.log (bench results go to the log directory unless ARGS name an --out-dir). --stop-on-fail skips
 # the remaining checks and benches after one exits non-zero. --bin DIR: use the fp4moe already built
 # in DIR (e.g. from a clean worktree of a commit) instead of building; needs --no-tests. --no-tests
 # builds only the command. --plot runs bench/plot.py on every .jsonl in the log directory at the end. --python
 # installs the Python package (`pip install .`, all cores) and runs its pytest suite, GPU tests included.
+# --ncu "REGEX::ARGS" profiles one launch of the kernels matching REGEX (e.g. direct_micro_kernel,
+# gemm_kernel) inside `fp4moe bench ARGS` with Nsight Compute (--set full, after 3 launches of it),
+# its details page into ncu-N.txt; ARGS should name one point (e.g. --tokens 1 --iters 1 --no-peer).
 # --diag runs the DISABLED_ diagnostics (GpuDiagnostics.*: direct_micro's phase trace) into diag.log.
 # The GPU test binary and each check/bench run under a 300 s timeout (rc 124: a hang, e.g. a pipeline wait).
 # Logs and bench results go to build-device/logs; when $OUT is set (the device tool) they are also
@@ -31,6 +35,7 @@ while [ $# -gt 0 ]; do
     --diag) DIAG=1 ;;
     --check) STEPS+=("check" "$2"); shift ;;
     --bench) STEPS+=("bench" "$2"); shift ;;
+    --ncu) STEPS+=("ncu" "$2"); shift ;;
     --stop-on-fail) STOP_ON_FAIL=1 ;;
     --bin) BIN="$2"; shift ;;
     --plot) PLOT=1 ;;
@@ -86,14 +91,22 @@ for ((i = 0; i < ${#STEPS[@]}; i += 2)); do
   cmd=${STEPS[i]} args=${STEPS[i + 1]}
   if [ $stop -eq 1 ]; then summary+=("fp4moe $cmd $args|skipped (--stop-on-fail)"); continue; fi
   extra=""
-  [ "$cmd" = bench ] && [[ " $args " != *" --out-dir "* ]] && extra="--out-dir $OUTDIR"
+  [ "$cmd" != check ] && [[ " $args " != *" --out-dir "* ]] && extra="--out-dir $OUTDIR"
   log="$OUTDIR/$cmd.log"; t1=$(date +%s)
-  echo "==== fp4moe $cmd $args $extra" >> "$log"
-  timeout 300 "$FP4MOE" $cmd $args $extra > "$log.part" 2>&1; rc=$?
+  if [ "$cmd" = ncu ]; then  # REGEX::ARGS → Nsight Compute around one fp4moe bench point
+    regex=${args%%::*} args=${args#*::}
+    log="$OUTDIR/ncu-$((i / 2)).txt"
+    echo "==== ncu -k regex:$regex fp4moe bench $args $extra" > "$log"
+    timeout 300 ncu --set full -k "regex:$regex" -s 3 -c 1 "$FP4MOE" bench $args $extra --run-name ncu-$((i / 2)) \
+      > "$log.part" 2>&1; rc=$?
+  else
+    echo "==== fp4moe $cmd $args $extra" >> "$log"
+    timeout 300 "$FP4MOE" $cmd $args $extra > "$log.part" 2>&1; rc=$?
+  fi
   cat "$log.part" >> "$log"
   [ "$cmd" = bench ] && grep -m1 '^ceilings' "$log.part"
   tail -4 "$log.part"; rm -f "$log.part"
-  summary+=("fp4moe $cmd $args|rc=$rc|$(( $(date +%s) - t1 ))s|$(tail -1 "$log")")
+  summary+=("$cmd $args|rc=$rc|$(( $(date +%s) - t1 ))s|$(tail -1 "$log")")
   [ $rc -ne 0 ] && [ $STOP_ON_FAIL -eq 1 ] && stop=1
 done
 if [ $PLOT -eq 1 ]; then
