@@ -431,6 +431,15 @@ __device__ __forceinline__ int fc2_chunks(int touched, int KT, int routes) {
   return k_chunk_count(touched, KT, kWarps, min(fit, kWarps));
 }
 
+// Route r's FC2 result in column col of the current item: its k-chunk sums added in kc order. The
+// part that computed them and part 0 (when the item is split) both read it through here, so a split
+// item sums exactly like an unsplit one.
+__device__ __forceinline__ float route_sum(const Smem& sm, int routes, int KC, int r, int col) {
+  float d = 0.f;
+  for (int kc = 0; kc < KC; ++kc) d += sm.u.fc2[kc * routes + r][col];
+  return d;
+}
+
 // Phase 2 item: output columns [16·rt, 16·rt + 16) of the touched experts in slots [u0, u1) (part
 // `part` of p.fc2_parts). Unit (expert slot u, k-chunk kc) → warp unit % kWarps; sums per (kc, route)
 // in shared memory. Part 0 then writes each token's 16 outputs, once; other parts hand it their
@@ -473,9 +482,7 @@ __device__ void fc2_item(const Params& p, Smem& sm, int rt, int part, int KC) {
     for (int i = threadIdx.x; i < p.routes * 16; i += kThreads) {
       const int r = i >> 4, e = local_expert(p, r);
       if (e < 0 || sm.count[e] < u0 || sm.count[e] >= u1) continue;  // count[e]: e's slot (build_routing)
-      float d = 0.f;
-      for (int kc = 0; kc < KC; ++kc) d += sm.u.fc2[kc * p.routes + r][i & 15];
-      scratch[i] = d;
+      scratch[i] = route_sum(sm, p.routes, KC, r, i & 15);
     }
     __threadfence();
     __syncthreads();
@@ -499,12 +506,8 @@ __device__ void fc2_item(const Params& p, Smem& sm, int rt, int part, int KC) {
       const int r = t * p.top_k + j;
       const int e = local_expert(p, r);
       if (e < 0) continue;
-      float d = 0.f;
-      if (sm.count[e] < u1) {
-        for (int kc = 0; kc < KC; ++kc) d += sm.u.fc2[kc * p.routes + r][i & 15];
-      } else {
-        d = __ldcg(scratch + r * 16 + (i & 15));  // written by another CTA in this launch: L2, not L1
-      }
+      // Another part's sums were written by another CTA in this launch: read through L2, not L1.
+      const float d = sm.count[e] < u1 ? route_sum(sm, p.routes, KC, r, i & 15) : __ldcg(scratch + r * 16 + (i & 15));
       const float b = p.b2 ? p.b2[static_cast<int64_t>(e) * p.h_pad + col] : 0.f;
       // Weighted term rounded on its own, then added (no FMA contraction): the same arithmetic as a
       // K = 1 call per route followed by a slot-order sum, which the expert-parallel all-to-all path
