@@ -101,6 +101,10 @@ struct alignas(16) Smem {
   int start[kMaxExperts + 1];  // their route-list offsets
   int list[kMaxRoutes];        // route indices grouped by expert
   int num_touched;
+  // Staged once in setup so no later phase waits on a dependent global load (ids → expert → scale):
+  int route_slot[kMaxRoutes];  // route r's expert slot in `touched`, or -1 (id outside the local range)
+  float route_w[kMaxRoutes];   // its router weight
+  float alpha1[kMaxRoutes], alpha2[kMaxRoutes], g1[kMaxRoutes], g2[kMaxRoutes];  // per touched slot
   union {
     struct {
       float part[kWarps][8 * kMaxGroups][64];  // FC1 per-warp partial sums [warp][route in pass][up 0..31, gate 32..63]
@@ -190,6 +194,12 @@ __device__ void build_routing(const Params& p, Smem& sm) {
   for (int r = tid; r < p.routes; r += kThreads) {
     const int e = local_expert(p, r);
     if (e >= 0) sm.list[atomicAdd(&sm.cursor[sm.count[e]], 1)] = r;
+    sm.route_slot[r] = e >= 0 ? sm.count[e] : -1;
+    sm.route_w[r] = p.topk_weights[r];
+  }
+  for (int u = tid; u < total_touched; u += kThreads) {
+    const int e = sm.touched[u];
+    sm.alpha1[u] = p.alpha1[e], sm.alpha2[u] = p.alpha2[e], sm.g1[u] = p.g1[e], sm.g2[u] = p.g2[e];
   }
   __syncthreads();
 }
@@ -378,7 +388,7 @@ __device__ void fc1_item(const Params& p, Smem& sm, int u, int cb) {
               acc[s][q][i];
     __syncthreads();
     // Epilogue, per (route in pass, column): Σ over warps in order → alpha, bias → act → bf16.
-    const float alpha = p.alpha1[e] * (kF16 ? 64.f : 1.f);  // kF16: the weights were read as code × 2^-6
+    const float alpha = sm.alpha1[u] * (kF16 ? 64.f : 1.f);  // kF16: the weights were read as code × 2^-6
     for (int i = threadIdx.x; i < n_routes * 32; i += kThreads) {
       const int rho = i >> 5, col = i & 31, ic = 32 * cb + col;
       float up = 0.f, gate = 0.f;
@@ -407,7 +417,7 @@ __device__ void fc1_item(const Params& p, Smem& sm, int u, int cb) {
         __nv_bfloat16 o[16];
 #pragma unroll
         for (int k = 0; k < 16; ++k) v[k] = sm.u.fc1.h[rho][16 * blk + k];
-        quant_dequant_block<16>(p.q, v, p.g2[e], o);
+        quant_dequant_block<16>(p.q, v, sm.g2[u], o);
 #pragma unroll
         for (int k = 0; k < 16; ++k) store_act<kF16>(dst, permuted_col(32 * cb + 16 * blk + k), o[k]);
       } else {
@@ -415,7 +425,7 @@ __device__ void fc1_item(const Params& p, Smem& sm, int u, int cb) {
         __nv_bfloat16 o[32];
 #pragma unroll
         for (int k = 0; k < 32; ++k) v[k] = sm.u.fc1.h[rho][k];
-        quant_dequant_block<32>(p.q, v, p.g2[e], o);
+        quant_dequant_block<32>(p.q, v, sm.g2[u], o);
 #pragma unroll
         for (int k = 0; k < 32; ++k) store_act<kF16>(dst, permuted_col(32 * cb + k), o[k]);
       }
@@ -480,8 +490,8 @@ __device__ void fc2_item(const Params& p, Smem& sm, int rt, int part, int KC) {
   unsigned* flags = p.fc2_flags + rt * kMaxFc2Parts;
   if (part > 0) {  // hand this part's route sums to part 0
     for (int i = threadIdx.x; i < p.routes * 16; i += kThreads) {
-      const int r = i >> 4, e = local_expert(p, r);
-      if (e < 0 || sm.count[e] < u0 || sm.count[e] >= u1) continue;  // count[e]: e's slot (build_routing)
+      const int r = i >> 4, slot = sm.route_slot[r];
+      if (slot < u0 || slot >= u1) continue;  // also skips slot -1 (part > 0: u0 ≥ 0)
       scratch[i] = route_sum(sm, p.routes, KC, r, i & 15);
     }
     __threadfence();
@@ -503,16 +513,15 @@ __device__ void fc2_item(const Params& p, Smem& sm, int rt, int part, int KC) {
     if (col >= p.hidden) continue;
     float s = 0.f;
     for (int j = 0; j < p.top_k; ++j) {
-      const int r = t * p.top_k + j;
-      const int e = local_expert(p, r);
-      if (e < 0) continue;
+      const int r = t * p.top_k + j, slot = sm.route_slot[r];
+      if (slot < 0) continue;
       // Another part's sums were written by another CTA in this launch: read through L2, not L1.
-      const float d = sm.count[e] < u1 ? route_sum(sm, p.routes, KC, r, i & 15) : __ldcg(scratch + r * 16 + (i & 15));
-      const float b = p.b2 ? p.b2[static_cast<int64_t>(e) * p.h_pad + col] : 0.f;
+      const float d = slot < u1 ? route_sum(sm, p.routes, KC, r, i & 15) : __ldcg(scratch + r * 16 + (i & 15));
+      const float b = p.b2 ? p.b2[static_cast<int64_t>(sm.touched[slot]) * p.h_pad + col] : 0.f;
       // Weighted term rounded on its own, then added (no FMA contraction): the same arithmetic as a
       // K = 1 call per route followed by a slot-order sum, which the expert-parallel all-to-all path
       // runs, so both give the same bits.
-      const float term = __fmul_rn(p.topk_weights[r], fmaf(p.alpha2[e] * (kF16 ? 64.f : 1.f), d, b));
+      const float term = __fmul_rn(sm.route_w[r], fmaf(sm.alpha2[slot] * (kF16 ? 64.f : 1.f), d, b));
       s = __fadd_rn(s, term);
     }
     store_out1(p.out, p.out_fp32, static_cast<int64_t>(t) * p.hidden + col, s);
@@ -539,10 +548,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
     const int gtid = blockIdx.x * kThreads + threadIdx.x, nthreads = gridDim.x * kThreads;
     for (int i = gtid; i < p.routes * nb; i += nthreads) {
       const int r = i / nb, b = i % nb;
-      const int e = local_expert(p, r);
-      if (e < 0) continue;
-      if (qb == 16) quantize_block<16, kF16>(p, r, b, p.g1[e]);
-      else quantize_block<32, kF16>(p, r, b, p.g1[e]);
+      const int slot = sm.route_slot[r];
+      if (slot < 0) continue;
+      if (qb == 16) quantize_block<16, kF16>(p, r, b, sm.g1[slot]);
+      else quantize_block<32, kF16>(p, r, b, sm.g1[slot]);
     }
   }
   stamp(p, 2);
