@@ -73,9 +73,11 @@ struct DirectMicroWorkspace {
   int fc2_parts = 1;      // CTAs per FC2 item (direct_micro.cuh Params::fc2_parts)
   DeviceBuffer a1, a2, barrier, fc2_scratch, fc2_flags;
 };
-// RunArgs::trace of direct_micro: [grid][kDirectMicroTraceStamps] %globaltimer stamps per CTA (start, setup,
-// phase 0, barrier, phase 1, barrier, end).
+// RunArgs::trace of direct_micro: [grid][kDirectMicroTraceSlots] per CTA, zeroed by the caller: %globaltimer
+// stamps (start, setup, phase 0, barrier, phase 1, barrier, end), then ns summed over the CTA's items
+// (FC1 GEMM, FC1 epilogue + Q2, FC2 GEMM, FC2 top-k sum).
 inline constexpr int kDirectMicroTraceStamps = 7;
+inline constexpr int kDirectMicroTraceSlots = kDirectMicroTraceStamps + 4;
 bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why);
 void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicroWorkspace& ws, const RunArgs& a);
 

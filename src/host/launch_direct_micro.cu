@@ -11,7 +11,7 @@
 namespace fp4moe::gpu {
 
 namespace dm = kernels::direct_micro;
-static_assert(kDirectMicroTraceStamps == dm::kTraceStamps);
+static_assert(kDirectMicroTraceStamps == dm::kTraceStamps && kDirectMicroTraceSlots == dm::kTraceSlots);
 
 bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why) {
   if (tokens * c.top_k > dm::kMaxRoutes) {

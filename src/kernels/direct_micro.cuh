@@ -83,9 +83,13 @@ struct Params {
   unsigned* fc2_flags;
   void* out;
   bool out_fp32;
-  unsigned long long* trace;  // diagnostics: null, or [grid][kTraceStamps] %globaltimer stamps per CTA
+  unsigned long long* trace;  // diagnostics: null, or [grid][kTraceSlots] per CTA (kTraceStamps, then kTraceSums)
 };
-inline constexpr int kTraceStamps = 7;  // start, setup, phase 0, barrier, phase 1, barrier, end
+inline constexpr int kTraceStamps = 7;  // %globaltimer at start, setup, phase 0, barrier, phase 1, barrier, end
+// ns summed over the CTA's items: FC1 GEMM (to the partial sums' barrier), FC1 epilogue + Q2, FC2 GEMM
+// (to the sums' barrier), FC2 hand-over + top-k sum.
+inline constexpr int kTraceSums = 4;
+inline constexpr int kTraceSlots = kTraceStamps + kTraceSums;
 
 // The bf16 path's lookup tables, placed right after Smem in dynamic shared memory; the f16 path
 // (kF16) needs none and its launch leaves them out (40 KB less per CTA).
@@ -131,7 +135,21 @@ __device__ __forceinline__ void stamp(const Params& p, int i) {
   if (p.trace != nullptr && threadIdx.x == 0) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    p.trace[blockIdx.x * kTraceStamps + i] = t;
+    p.trace[blockIdx.x * kTraceSlots + i] = t;
+  }
+}
+
+__device__ __forceinline__ unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Thread 0 adds the time since *t0 to sum i of the trace and restarts *t0 (no-op without a trace).
+__device__ __forceinline__ void lap(const Params& p, unsigned long long* t0, int i) {
+  if (p.trace != nullptr && threadIdx.x == 0) {
+    const unsigned long long t = now_ns();
+    p.trace[blockIdx.x * kTraceSlots + kTraceStamps + i] += t - *t0;
+    *t0 = t;
   }
 }
 
@@ -369,6 +387,7 @@ __device__ void fc1_item(const Params& p, Smem& sm, int u, int cb) {
   }
   const int qb = quant_block(p.q);
   for (int base = begin; base < end; base += kRoutes) {
+    unsigned long long t0 = p.trace != nullptr ? now_ns() : 0;
     const int n_routes = min(kRoutes, end - base);
     float acc[kS][kG][4] = {};
     if (nkt > 0) {
@@ -387,6 +406,7 @@ __device__ void fc1_item(const Params& p, Smem& sm, int u, int cb) {
           sm.u.fc1.part[warp][8 * q + 2 * c + (i & 1)][(s >= 2 ? 32 : 0) + 16 * (s & 1) + g + 8 * (i >> 1)] =
               acc[s][q][i];
     __syncthreads();
+    lap(p, &t0, 0);
     // Epilogue, per (route in pass, column): Σ over warps in order → alpha, bias → act → bf16.
     const float alpha = sm.alpha1[u] * (kF16 ? 64.f : 1.f);  // kF16: the weights were read as code × 2^-6
     for (int i = threadIdx.x; i < n_routes * 32; i += kThreads) {
@@ -431,6 +451,7 @@ __device__ void fc1_item(const Params& p, Smem& sm, int u, int cb) {
       }
     }
     __syncthreads();  // part / h are reused by the next pass
+    lap(p, &t0, 1);
   }
 }
 
@@ -459,6 +480,7 @@ template <int kG, bool kF16>
 __device__ void fc2_item(const Params& p, Smem& sm, int rt, int part, int KC) {
   constexpr int kU = kG == 1 ? 4 : 2, kRoutes = 8 * kG;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  unsigned long long t0 = p.trace != nullptr ? now_ns() : 0;
   const int KT = p.i_pad / 64, RT = p.h_pad / 16, nt = sm.num_touched;
   const int u0 = part * nt / p.fc2_parts, u1 = (part + 1) * nt / p.fc2_parts;
   const int per = (KT + KC - 1) / KC;
@@ -486,6 +508,7 @@ __device__ void fc2_item(const Params& p, Smem& sm, int rt, int part, int KC) {
     }
   }
   __syncthreads();
+  lap(p, &t0, 2);
   float* scratch = p.fc2_scratch + static_cast<int64_t>(rt) * p.zero_row * 16;  // [route][16] of this rt
   unsigned* flags = p.fc2_flags + rt * kMaxFc2Parts;
   if (part > 0) {  // hand this part's route sums to part 0
@@ -498,6 +521,7 @@ __device__ void fc2_item(const Params& p, Smem& sm, int rt, int part, int KC) {
     __syncthreads();
     if (threadIdx.x == 0) ptx::st_release_gpu(flags + part, ptx::ld_acquire_gpu(p.barrier.epoch));
     __syncthreads();
+    lap(p, &t0, 3);
     return;
   }
   if (p.fc2_parts > 1) {  // part 0: wait for the others (all resident: a cooperative launch)
@@ -527,6 +551,7 @@ __device__ void fc2_item(const Params& p, Smem& sm, int rt, int part, int KC) {
     store_out1(p.out, p.out_fp32, static_cast<int64_t>(t) * p.hidden + col, s);
   }
   __syncthreads();  // the slots are reused by the next item
+  lap(p, &t0, 3);
 }
 
 // kG: route groups of 8 per weight pass. kF16: NVFP4 weights with NVFP4 (a4) activations, on f16

@@ -34,29 +34,41 @@ __global__ void spin(unsigned long long ns) {
   do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < ns);
 }
 
-// One line per launch: the last CTA at each stamp, µs after the first CTA started (fc2: also the mean).
+// Two lines per launch: the last CTA at each stamp, µs after the first CTA started (fc2: also the
+// mean); then the per-CTA time sums (mean and max over CTAs, µs).
 void print_phases(const char* what, const std::vector<unsigned long long>& t, int grid) {
-  constexpr int kStamps = gpu::kDirectMicroTraceStamps;
+  constexpr int kStamps = gpu::kDirectMicroTraceStamps, kSlots = gpu::kDirectMicroTraceSlots;
   const char* names[kStamps] = {"start", "setup", "phase0", "barrier1", "fc1", "barrier2", "fc2"};
+  const char* sums[kSlots - kStamps] = {"fc1 gemm", "fc1 epilogue", "fc2 gemm", "fc2 sum"};
   unsigned long long t0 = ~0ull;
-  for (int b = 0; b < grid; ++b) t0 = std::min(t0, t[b * kStamps]);
+  for (int b = 0; b < grid; ++b) t0 = std::min(t0, t[b * kSlots]);
   std::printf("  %-26s", what);
   double mean = 0;
   for (int i = 1; i < kStamps; ++i) {
     unsigned long long mx = 0;
     mean = 0;
     for (int b = 0; b < grid; ++b) {
-      mx = std::max(mx, t[b * kStamps + i] - t0);
-      mean += static_cast<double>(t[b * kStamps + i] - t0);
+      mx = std::max(mx, t[b * kSlots + i] - t0);
+      mean += static_cast<double>(t[b * kSlots + i] - t0);
     }
     std::printf(" %s %7.2f", names[i], mx / 1e3);
   }
-  std::printf("  (fc2 mean %7.2f)\n", mean / grid / 1e3);
+  std::printf("  (fc2 mean %7.2f)\n  %-26s", mean / grid / 1e3, "  per-CTA sums mean/max");
+  for (int i = kStamps; i < kSlots; ++i) {
+    unsigned long long mx = 0;
+    double sum = 0;
+    for (int b = 0; b < grid; ++b) {
+      mx = std::max(mx, t[b * kSlots + i]);
+      sum += static_cast<double>(t[b * kSlots + i]);
+    }
+    std::printf(" %s %6.2f/%6.2f", sums[i - kStamps], sum / grid / 1e3, mx / 1e3);
+  }
+  std::printf("\n");
 }
 
 TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
   REQUIRE_GPU();
-  constexpr int kStamps = gpu::kDirectMicroTraceStamps;
+  constexpr int kSlots = gpu::kDirectMicroTraceSlots;
   int dev = 0, l2 = 0;
   GPU_CHECK(cudaGetDevice(&dev));
   GPU_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
@@ -79,7 +91,7 @@ TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
       DeviceArray<int32_t> ids(in.ids);
       DeviceArray<float> tw(in.topk_weights);
       DeviceArray<uint16_t> out(T * c.hidden);
-      DeviceArray<unsigned long long> trace(static_cast<size_t>(ws.grid) * kStamps);
+      DeviceArray<unsigned long long> trace(static_cast<size_t>(ws.grid) * kSlots);
       gpu::RunArgs a{x.get(), ids.get(), IndexType::kInt32, tw.get(), out.get(), T, nullptr};
       // Clocks up first (an idle H200 sits at a low SM clock): 0.2 s of busy SMs, then warm launches.
       spin<<<ws.grid, 32>>>(200'000'000ull);
@@ -103,6 +115,7 @@ TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
         if (r.flush) flush_read<<<1056, 256>>>(flush_buf.get(), flush_n, sink.get());
         else gpu::launch_direct_micro(c, *w, ws, gpu::RunArgs{a.x, a.ids, a.ids_type, a.topk_weights, a.out, T, nullptr});
         GPU_CHECK(cudaGetLastError());
+        GPU_CHECK(cudaMemset(trace.get(), 0, static_cast<size_t>(ws.grid) * kSlots * sizeof(unsigned long long)));
         gpu::launch_direct_micro(c, *w, ws, a);
         GPU_CHECK(cudaDeviceSynchronize());
         print_phases(r.what, trace.download(), ws.grid);
