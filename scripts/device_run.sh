@@ -97,7 +97,7 @@ for ((i = 0; i < ${#STEPS[@]}; i += 2)); do
     regex=${args%%::*} args=${args#*::}
     log="$OUTDIR/ncu-$((i / 2)).txt"
     echo "==== ncu -k regex:$regex fp4moe bench $args $extra" > "$log"
-    timeout 300 ncu --set full -k "regex:$regex" -s 3 -c 1 "$FP4MOE" bench $args $extra --run-name ncu-$((i / 2)) \
+    timeout 300 ncu --clock-control none --set full -k "regex:$regex" -s 3 -c 1 "$FP4MOE" bench $args $extra --run-name ncu-$((i / 2)) \
       > "$log.part" 2>&1; rc=$?
   else
     echo "==== fp4moe $cmd $args $extra" >> "$log"
