@@ -2,7 +2,7 @@
 # On the GPU machine, in one call: configure, build with all cores, run every test (CPU and GPU),
 # then `fp4moe check` and `fp4moe bench` as asked, and print a short summary table last.
 #   scripts/device_run.sh [--no-tests] [--filter GTEST_FILTER] [--sanitize] [--diag] [--bin DIR]
-#                         [--stop-on-fail] [--check "ARGS"]... [--bench "ARGS"]... [--ncu "REGEX::ARGS"]...
+#                         [--stop-on-fail] [--check "ARGS"]... [--bench "ARGS"]... [--ncu "REGEX::ARGS"]... [--ncu-times "ARGS"]...
 #                         [--plot] [--python]
 # --check and --bench may be repeated; they run in the order given, their output appended to
 # check.log / bench.log (bench results go to the log directory unless ARGS name an --out-dir). --stop-on-fail skips
@@ -10,9 +10,12 @@
 # in DIR (e.g. from a clean worktree of a commit) instead of building; needs --no-tests. --no-tests
 # builds only the command. --plot runs bench/plot.py on every .jsonl in the log directory at the end. --python
 # installs the Python package (`pip install .`, all cores) and runs its pytest suite, GPU tests included.
-# --ncu "REGEX::ARGS" profiles one launch of the kernels matching REGEX (e.g. direct_micro_kernel,
-# gemm_kernel) inside `fp4moe bench ARGS` with Nsight Compute (--set full, after 3 launches of it),
-# its details page into ncu-N.txt; ARGS should name one point (e.g. --tokens 1 --iters 1 --no-peer).
+# --ncu "REGEX[@SKIP]::ARGS" profiles one launch of the kernels matching REGEX (e.g. direct_micro_kernel,
+# gemm_kernel) inside `fp4moe bench ARGS` with Nsight Compute (--set full, after SKIP (default 3) launches of it),
+# its details page, the stall reasons and the SASS lines with most stall samples (scripts/ncu_summary.py)
+# into ncu-N.txt; ARGS should name one point (e.g. --tokens 1 --iters 1 --no-peer).
+# --ncu-times "ARGS": every kernel's duration inside `fp4moe bench ARGS`, summed by kernel name
+# (ncu-times-N.txt): where the time of a multi-kernel backend goes.
 # --diag runs the DISABLED_ diagnostics (GpuDiagnostics.*: direct_micro's phase trace) into diag.log.
 # The GPU test binary and each check/bench run under a 300 s timeout (rc 124: a hang, e.g. a pipeline wait).
 # Logs and bench results go to build-device/logs; when $OUT is set (the device tool) they are also
@@ -36,6 +39,7 @@ while [ $# -gt 0 ]; do
     --check) STEPS+=("check" "$2"); shift ;;
     --bench) STEPS+=("bench" "$2"); shift ;;
     --ncu) STEPS+=("ncu" "$2"); shift ;;
+    --ncu-times) STEPS+=("ncu-times" "$2"); shift ;;
     --stop-on-fail) STOP_ON_FAIL=1 ;;
     --bin) BIN="$2"; shift ;;
     --plot) PLOT=1 ;;
@@ -94,11 +98,26 @@ for ((i = 0; i < ${#STEPS[@]}; i += 2)); do
   [ "$cmd" != check ] && [[ " $args " != *" --out-dir "* ]] && extra="--out-dir $OUTDIR"
   log="$OUTDIR/$cmd.log"; t1=$(date +%s)
   if [ "$cmd" = ncu ]; then  # REGEX::ARGS → Nsight Compute around one fp4moe bench point
-    regex=${args%%::*} args=${args#*::}
+    regex=${args%%::*} args=${args#*::} skip=3
+    [[ "$regex" == *@* ]] && skip=${regex##*@} regex=${regex%@*}
     log="$OUTDIR/ncu-$((i / 2)).txt"
     echo "==== ncu -k regex:$regex fp4moe bench $args $extra" > "$log"
-    timeout 300 ncu --clock-control none --set full -k "regex:$regex" -s 3 -c 1 "$FP4MOE" bench $args $extra --run-name ncu-$((i / 2)) \
-      > "$log.part" 2>&1; rc=$?
+    rep="$OUTDIR/ncu-$((i / 2))"
+    timeout 300 ncu --clock-control none --set full -k "regex:$regex" -s $skip -c 1 -f -o "$rep" "$FP4MOE" bench $args $extra \
+      --run-name ncu-$((i / 2)) > "$log.part" 2>&1; rc=$?
+    if [ -f "$rep.ncu-rep" ]; then  # details page, raw metrics and per-SASS-line stall samples, then a summary
+      ncu -i "$rep.ncu-rep" --page details >> "$log.part" 2>&1
+      ncu -i "$rep.ncu-rep" --page raw --csv > "$rep-raw.csv" 2>&1
+      ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep-sass.csv" 2>&1
+      python3 scripts/ncu_summary.py "$rep-raw.csv" "$rep-sass.csv" >> "$log.part" 2>&1
+      rm -f "$rep.ncu-rep"
+    fi
+  elif [ "$cmd" = ncu-times ]; then  # ARGS → every kernel's duration inside fp4moe bench ARGS, summed by name
+    log="$OUTDIR/ncu-times-$((i / 2)).txt"
+    echo "==== ncu --metrics gpu__time_duration.sum fp4moe bench $args $extra" > "$log"
+    timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$FP4MOE" bench $args $extra \
+      --run-name ncu-times-$((i / 2)) > "$OUTDIR/ncu-times-$((i / 2)).csv" 2> "$log.part"; rc=$?
+    python3 scripts/ncu_summary.py --times "$OUTDIR/ncu-times-$((i / 2)).csv" >> "$log.part" 2>&1
   else
     echo "==== fp4moe $cmd $args $extra" >> "$log"
     timeout 300 "$FP4MOE" $cmd $args $extra > "$log.part" 2>&1; rc=$?

@@ -2,17 +2,23 @@
 // is the generic path's (routing pre-pass, gather-quantise, combine: generic.cuh, routing.cuh) and
 // so are both epilogues (common/moe_gemm.cuh); what changes is the GEMM core:
 //
-//   CTA = 3 warpgroups (384 threads), persistent over the work list (m-tile × n-tile):
-//     warpgroup 0      producer: per pipeline stage, cp.async of the A tile (BM routed rows × 64 k
-//                      of A1/A2, bf16, rows past the expert zero-filled) and the weight tile (BN
-//                      rows × 64 k, FP4 codes + block scales read into registers, dequantised
-//                      exactly to bf16 through the byte → bf16x2 table, stored with st.shared);
-//                      both in the wgmma K-major no-swizzle layout (common/wgmma_layout.h).
-//     warpgroups 1, 2  consumers: rows [0, 64) and [64, 128) of the m-tile; per stage 4 ×
+//   CTA = 4 warpgroups (512 threads), persistent over the work list (m-tile × n-tile):
+//     warpgroups 0, 1  producers: per pipeline stage, cp.async of the A tile (BM routed rows × 64 k
+//                      of A1/A2, bf16, rows past the expert zero-filled; half of its chunks each)
+//                      and the weight tile (BN rows × 64 k; producer warpgroup h takes k
+//                      [32h, 32h + 32) of every row: FP4 codes + block scales read into registers
+//                      two stages ahead, dequantised exactly to bf16 through the byte → bf16x2
+//                      table, stored with st.shared); both in the wgmma K-major no-swizzle layout
+//                      (common/wgmma_layout.h).
+//     warpgroups 2, 3  consumers: rows [0, 64) and [64, 128) of the m-tile; per stage 4 ×
 //                      wgmma m64n128k16 (bf16 × bf16 → fp32), then the FC1 or FC2 epilogue of
 //                      their 64 rows (staged in shared memory, per-warpgroup named barriers).
-//   Stages: a ring of kStages (A, B) buffers with mbarriers "full" (128 producer arrivals) and
+//   Stages: a ring of kStages (A, B) buffers with mbarriers "full" (256 producer arrivals) and
 //   "empty" (256 consumer arrivals); no __syncthreads after the prologue.
+//   Two producer warpgroups, not one: with one, the consumers waited on "full" about two thirds of
+//   the time (Nsight Compute pc sampling, mixtral-8x7b T = 16384: 37–43 % of all warp samples on the
+//   consumers' full-barrier wait; the producer's own samples spread over its table lookups and the
+//   wait for its weight loads). Halving each producer thread's per-stage work is the direct remedy.
 //
 // Products are exact (bf16 holds E2M1 × E4M3/UE8M0 and every activation value the quantisers
 // produce, including e4m3 × UE8M0 of a8), accumulation is fp32: results equal generic's up to
@@ -39,12 +45,17 @@ inline constexpr int BM = 128;              // routed rows per m-tile: 2 consume
 inline constexpr int BN = 128;              // weight rows per n-tile: the wgmma N
 inline constexpr int BK = wgmma::kTileK;    // 64 k per pipeline stage: 4 wgmma k16 steps
 inline constexpr int kStages = 4;
+inline constexpr int kProducers = 2;
 inline constexpr int kConsumers = 2;
 inline constexpr int kWarpgroup = 128;
-inline constexpr int kThreads = kWarpgroup * (1 + kConsumers);
+inline constexpr int kThreads = kWarpgroup * (kProducers + kConsumers);
+inline constexpr int kProducerRegs = 96, kConsumerRegs = 160;
+static_assert(kWarpgroup * (kProducers * kProducerRegs + kConsumers * kConsumerRegs) <= 65536,
+              "register reallocation within the SM's register file");
 inline constexpr int kLdc = BN + 8;         // staging row stride in floats: a half-warp's float2 stores hit distinct banks
 static_assert(BM == 64 * kConsumers, "one m64 wgmma row block per consumer warpgroup");
-static_assert(BN == kWarpgroup, "the producer dequantises one weight row per thread");
+static_assert(BN == kWarpgroup, "a producer warpgroup dequantises one weight row per thread");
+static_assert(kProducers == 2, "producer warpgroup h dequantises k [32h, 32h + 32) of each stage");
 static_assert(kStages >= 3, "the producer signals stage s one step late (after starting s + 1)");
 
 enum : int { kWaitEmpty = 1, kWaitFull = 2 };  // watchdog report: which barrier a thread gave up on
@@ -54,40 +65,43 @@ struct Smem {
   __nv_bfloat16 b[kStages][BN * BK];   // sB: (BN, BK) per stage, dequantised weights, same layout
   float c[kConsumers][64 * kLdc];      // epilogue staging: alpha·acc + bias, one per consumer warpgroup
   E2m1x2Table lut;
-  uint64_t full[kStages];              // producer → consumers: stage written (and fenced for the async proxy)
+  uint64_t full[kStages];              // producers → consumers: stage written (and fenced for the async proxy)
   uint64_t empty[kStages];             // consumers → producer: stage read by the tensor cores
   int aborted;                         // watchdog (mbarrier.cuh)
 };
 
-// One producer thread's slice of one weight row for one stage: 64 codes (32 bytes) and their block
-// scales (4 E4M3 bytes for NVFP4, 2 UE8M0 bytes for MXFP4), little-endian in `scales`.
+// One producer thread's slice of one weight row for one stage: the 32 codes (16 bytes) of k
+// [32h, 32h + 32) and their block scales (2 E4M3 bytes for NVFP4, 1 UE8M0 byte for MXFP4),
+// little-endian in `scales`.
 struct WeightSlice {
-  uint4 c0, c1;
+  uint4 c;
   uint32_t scales;
 };
 
-__device__ __forceinline__ WeightSlice load_slice(const uint8_t* codes, const uint8_t* scales, int kt, bool nvfp4) {
+__device__ __forceinline__ WeightSlice load_slice(const uint8_t* codes, const uint8_t* scales, int kt, int h,
+                                                  bool nvfp4) {
   WeightSlice s;
-  const uint4* c = reinterpret_cast<const uint4*>(codes + kt * (BK / 2));
-  s.c0 = __ldg(c);
-  s.c1 = __ldg(c + 1);
-  s.scales = nvfp4 ? __ldg(reinterpret_cast<const uint32_t*>(scales + kt * (BK / 16)))
-                   : static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(scales + kt * (BK / 32))));
+  s.c = __ldg(reinterpret_cast<const uint4*>(codes + kt * (BK / 2) + 16 * h));
+  s.scales = nvfp4 ? static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(scales + kt * (BK / 16) + 2 * h)))
+                   : static_cast<uint32_t>(__ldg(scales + kt * (BK / 32) + h));
   return s;
 }
 
-// Dequantise this thread's weight row (tile row t) into the stage's B tile: 4 groups of 16 k, each two
-// 16-byte chunks. Rows past the weight matrix (last n-tile of a non-gated FC1 or of FC2) are zeros.
+// Dequantise this thread's half of its weight row (tile row t, k [32h, 32h + 32)) into the stage's B
+// tile: 2 groups of 16 k, each two 16-byte chunks (a warp stores 32 consecutive rows of one chunk:
+// 512 contiguous bytes). Rows past the weight matrix (last n-tile of a non-gated FC1 or of FC2) are
+// zeros.
 __device__ __forceinline__ void write_b(const E2m1x2Table& lut, __nv_bfloat16* tile, const WeightSlice& s, bool row_ok,
-                                        bool nvfp4, int t) {
+                                        bool nvfp4, int t, int h) {
   unsigned char* base = reinterpret_cast<unsigned char*>(tile);
-  const uint32_t words[8] = {s.c0.x, s.c0.y, s.c0.z, s.c0.w, s.c1.x, s.c1.y, s.c1.z, s.c1.w};
+  const uint32_t words[4] = {s.c.x, s.c.y, s.c.z, s.c.w};
 #pragma unroll
-  for (int g = 0; g < 4; ++g) {
+  for (int gl = 0; gl < 2; ++gl) {
+    const int g = 2 * h + gl;  // 16-k group within the stage
     uint4 deq[2];
     if (row_ok) {
-      const int sb = nvfp4 ? (s.scales >> (8 * g)) & 0xFF : (s.scales >> (8 * (g >> 1))) & 0xFF;
-      dequant16(lut, make_uint2(words[2 * g], words[2 * g + 1]), scale_bf16x2(static_cast<uint8_t>(sb), nvfp4), deq);
+      const int sb = nvfp4 ? (s.scales >> (8 * gl)) & 0xFF : s.scales & 0xFF;
+      dequant16(lut, make_uint2(words[2 * gl], words[2 * gl + 1]), scale_bf16x2(static_cast<uint8_t>(sb), nvfp4), deq);
     } else {
       deq[0] = deq[1] = make_uint4(0, 0, 0, 0);
     }
@@ -96,13 +110,15 @@ __device__ __forceinline__ void write_b(const E2m1x2Table& lut, __nv_bfloat16* t
   }
 }
 
-// cp.async of the stage's A tile: rows row0 + m (m < valid; the rest zero-filled), k = kt·64 ...
-// One commit group per stage.
-__device__ __forceinline__ void copy_a(const MoeGemmParams& p, __nv_bfloat16* tile, int row0, int valid, int kt, int t) {
+// cp.async of producer warpgroup h's half of the stage's A tile: rows row0 + m (m < valid; the rest
+// zero-filled), k = kt·64 ... One commit group per stage.
+__device__ __forceinline__ void copy_a(const MoeGemmParams& p, __nv_bfloat16* tile, int row0, int valid, int kt, int t,
+                                       int h) {
   unsigned char* base = reinterpret_cast<unsigned char*>(tile);
+  constexpr int kPer = BM * (BK / 8) / (kWarpgroup * kProducers);
 #pragma unroll
-  for (int i = 0; i < BM * (BK / 8) / kWarpgroup; ++i) {
-    const wgmma::ChunkCoord cc = wgmma::a_copy_chunk(BM, t, i);
+  for (int i = 0; i < kPer; ++i) {
+    const wgmma::ChunkCoord cc = wgmma::a_copy_chunk(BM, t, kPer * h + i);
     const bool ok = cc.m < valid;
     const __nv_bfloat16* src = p.a + static_cast<int64_t>(row0 + (ok ? cc.m : 0)) * p.k_pad + kt * BK + cc.kc * 8;
     ptx::cp_async_16(base + wgmma::kmajor_offset(BM, cc.m, 8 * cc.kc), src, ok ? 16 : 0);
@@ -123,12 +139,13 @@ __device__ __forceinline__ TileInfo tile_info(const MoeGemmParams& p, int w, int
   return ti;
 }
 
-// Producer warpgroup. Stage `it` is signalled "full" one step late, after the A copies of stage
-// it + 1 are issued, so a stage's global loads overlap the previous stage's dequantisation.
+// Producer warpgroup h (0 or 1): half of every stage (see the file comment). Stage `it` is signalled
+// "full" one step late, after the A copies of stage it + 1 are issued, so a stage's A copies overlap
+// the next stage's dequantisation; the weight slices are loaded two stages ahead.
 template <bool kFc1>
 __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem& sm, int n_tiles, int work,
                                         const ptx::Watchdog& wd) {
-  const int t = threadIdx.x;  // 0..127
+  const int t = threadIdx.x % kWarpgroup, h = threadIdx.x / kWarpgroup;
   const int ktiles = p.k_pad / BK;
   uint32_t it = 0;
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
@@ -137,15 +154,19 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem& sm, int n_
     const int64_t wrow = static_cast<int64_t>(ti.e) * p.w_rows + (row_ok ? weight_row<BN>(p, kFc1, ti.y, t) : 0);
     const uint8_t* codes = p.w_packed + wrow * (p.k_pad / 2);
     const uint8_t* scales = p.w_scales + wrow * (p.k_pad / p.block);
-    WeightSlice next{};
-    if (row_ok) next = load_slice(codes, scales, 0, p.nvfp4);
+    WeightSlice next{}, after{};
+    if (row_ok) {
+      next = load_slice(codes, scales, 0, h, p.nvfp4);
+      if (ktiles > 1) after = load_slice(codes, scales, 1, h, p.nvfp4);
+    }
     for (int kt = 0; kt < ktiles; ++kt, ++it) {
       const WeightSlice cur = next;
-      if (row_ok && kt + 1 < ktiles) next = load_slice(codes, scales, kt + 1, p.nvfp4);  // prefetch
+      next = after;
+      if (row_ok && kt + 2 < ktiles) after = load_slice(codes, scales, kt + 2, h, p.nvfp4);  // prefetch
       const int s = it % kStages;
       ptx::mbar_wait(&sm.empty[s], ((it / kStages) & 1) ^ 1, wd, kWaitEmpty, it);
-      copy_a(p, sm.a[s], ti.row0, ti.valid, kt, t);
-      write_b(sm.lut, sm.b[s], cur, row_ok, p.nvfp4, t);
+      copy_a(p, sm.a[s], ti.row0, ti.valid, kt, t, h);
+      write_b(sm.lut, sm.b[s], cur, row_ok, p.nvfp4, t, h);
       if (it > 0) {
         ptx::cp_async_wait<1>();        // this thread's copies of stage it - 1 have landed
         ptx::fence_proxy_async_smem();  // its generic-proxy writes → visible to wgmma (async proxy)
@@ -165,7 +186,7 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem& sm, int n_
 template <bool kFc1>
 __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_tiles, int work,
                                         const ptx::Watchdog& wd) {
-  const int c = threadIdx.x / kWarpgroup - 1;
+  const int c = threadIdx.x / kWarpgroup - kProducers;
   const int t = threadIdx.x % kWarpgroup;
   const int ktiles = p.k_pad / BK;
   const uint32_t a_base = ptx::smem_addr(sm.a[0]), b_base = ptx::smem_addr(sm.b[0]);
@@ -235,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(MoeGemmParams p, int 
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      ptx::mbar_init(&sm.full[s], kWarpgroup);
+      ptx::mbar_init(&sm.full[s], kWarpgroup * kProducers);
       ptx::mbar_init(&sm.empty[s], kWarpgroup * kConsumers);
     }
     sm.aborted = 0;
@@ -244,8 +265,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(MoeGemmParams p, int 
   __syncthreads();
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int work = *p.num_tiles * n_tiles;
-  if (threadIdx.x < kWarpgroup) produce<kFc1>(p, sm, n_tiles, work, wd);
-  else consume<kFc1>(p, sm, n_tiles, work, wd);
+  // 512 threads leave 128 registers each; the consumers (64 accumulators, the FC1 activation
+  // epilogue) take 160 and the producers keep 96: 2·128·96 + 2·128·160 = 65536.
+  if (threadIdx.x < kWarpgroup * kProducers) {
+    ptx::setmaxnreg_dec<kProducerRegs>();
+    produce<kFc1>(p, sm, n_tiles, work, wd);
+  } else {
+    ptx::setmaxnreg_inc<kConsumerRegs>();
+    consume<kFc1>(p, sm, n_tiles, work, wd);
+  }
 }
 
 }  // namespace fp4moe::kernels::dynamic

@@ -25,6 +25,17 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 // wgmma.fence: order this warpgroup's earlier register/shared accesses before the wgmma that follow.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 // Close the group of wgmma issued since the last commit.
+// Warpgroup register reallocation (sm_90a): a warpgroup gives registers back (dec) or takes them
+// (inc); every warp of the warpgroup executes it. Counts are multiples of 8 in [24, 256].
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 // Wait until at most N committed groups are still pending.
 template <int N>
