@@ -1,4 +1,5 @@
 // The GPU runner: owns the workspaces, chooses the backend per call, launches.
+#include <algorithm>
 #include <memory>
 
 #include "fp4moe/errors.h"
@@ -8,11 +9,18 @@
 namespace fp4moe::gpu {
 namespace {
 
-// Decode cutover: direct_micro up to this many routes (T·K, its capacity), generic above. Source:
-// bench/results/h200-decode-sweep-20261202.md — direct_micro (commit "direct_micro v2") was 1.6–4.0×
-// faster than generic at every point of T = 1…64 on qwen3-30b-a3b, mixtral-8x7b, gpt-oss-120b and
-// llama4-scout (T·K up to 512), and passed `fp4moe check` on five named shapes at T = 1, 7, 64.
+// kAuto, from the crossover sweep bench/results/h200-crossover-20261202.md (five named shapes,
+// T = 8…512, direct_micro / dynamic / generic forced, same inputs):
+//  - direct_micro up to T·K = 512 routes (its capacity) while the mean touched expert has at most
+//    kDirectMicroMaxRoutesPerExpert routes (T·K over at most min(E_local, T·K) touched experts): it
+//    streams each expert's weights once per 8–16 routes, so its cost grows with routes per expert.
+//    At 32 it won 14 of 15 decode points by 1.2–3.3× and lost one (llama4-scout T = 512, 7 %);
+//    mixtral-8x7b T = 256 (64 per expert) went to dynamic, 1.4× faster there.
+//  - dynamic above that on sm_90 (wgmma): faster than generic at 22 of 23 points (up to 1.8× at
+//    mixtral T = 16384, h200-prefill-20261202-2prod.md); 4 % slower at qwen3-30b-a3b T = 512.
+//  - generic where dynamic cannot run (not sm_90).
 constexpr int64_t kDirectMicroMaxRoutes = 512;
+constexpr int64_t kDirectMicroMaxRoutesPerExpert = 32;
 
 class GpuRunner final : public Runner {
  public:
@@ -28,13 +36,18 @@ class GpuRunner final : public Runner {
         o.backend == Backend::kDirectMicro || (o.backend == Backend::kAuto && kDirectMicroMaxRoutes > 0);
     if (dm_reachable && direct_micro_supports(c, 1, nullptr))
       dm_ = std::make_unique<DirectMicroWorkspace>(c, *w_, o.max_tokens);
-    // dynamic (prefill, wgmma): forced only until verified on the GPU; kAuto never picks it.
-    if (o.backend == Backend::kDynamic) dyn_ = std::make_unique<DynamicWorkspace>(device_);
+    // dynamic (prefill, wgmma) has no buffers of its own (generic's routing, gather and combine
+    // buffers serve it); its workspace records whether the device can run it.
+    if (o.backend == Backend::kDynamic || o.backend == Backend::kAuto) dyn_ = std::make_unique<DynamicWorkspace>(device_);
   }
 
   Backend select(int64_t T) const override {
-    if (dm_ && T * c_.top_k <= kDirectMicroMaxRoutes && direct_micro_supports(c_, T, nullptr))
+    const int64_t routes = T * c_.top_k;
+    const int64_t touched_max = std::min<int64_t>(c_.local_count(), routes);
+    if (dm_ && routes <= kDirectMicroMaxRoutes && routes <= kDirectMicroMaxRoutesPerExpert * touched_max &&
+        direct_micro_supports(c_, T, nullptr))
       return Backend::kDirectMicro;
+    if (dyn_ && dynamic_supports(*dyn_, nullptr)) return Backend::kDynamic;
     return Backend::kGeneric;
   }
 

@@ -26,6 +26,12 @@
 
 namespace fp4moe::testgpu {
 
+// Device 0 is a Hopper (sm_90) GPU: wgmma, and so the dynamic backend, can run there.
+inline bool device_is_sm90() {
+  int major = 0;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major == 9;
+}
+
 // A typed device array; copies in and out with checked calls (throwing, so usable in helpers).
 template <typename T>
 class DeviceArray {

@@ -41,10 +41,7 @@ namespace {
 using testgpu::DeviceArray;
 namespace wg = kernels::wgmma;
 
-bool device_is_sm90() {
-  int major = 0;
-  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major == 9;
-}
+using testgpu::device_is_sm90;
 
 #define REQUIRE_SM90()                                                             \
   do {                                                                             \

@@ -22,6 +22,7 @@ namespace fp4moe {
 namespace {
 
 using testgpu::DeviceArray;
+using testgpu::device_is_sm90;
 using testkit::Problem;
 using testkit::ProblemSpec;
 
@@ -341,14 +342,16 @@ TEST(GpuDynamic, SmallCallAfterLargeCall) {
   for (const Problem* p : {&big, static_cast<const Problem*>(&small), &big}) expect_run_matches_reference(r, *p);
 }
 
-TEST(GpuDynamic, DeterministicInAGraphAndForcedOnly) {
+TEST(GpuDynamic, DeterministicInAGraphAndPickedByAutoAboveDirectMicro) {
   REQUIRE_GPU();
   const MoeConfig c = make_config(64, 512, 256, 8, WeightFormat::kMXFP4, ActMode::kA16, Activation::kSwigluOai, true);
   const Problem p = testkit::make_problem({c, 500, 66});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
-  // kAuto never picks dynamic until it is verified on the GPU (gpu_runner.cpp).
+  // kAuto (gpu_runner.cpp): direct_micro up to 512 routes at ≤ 32 per touched expert, dynamic above
+  // on sm_90, generic elsewhere.
   MoeRunner autor(c, w, {.max_tokens = 16384});
-  for (int64_t T : {1, 64, 65, 4096, 16384}) EXPECT_NE(autor.plan(T), Backend::kDynamic) << T;
+  for (int64_t T : {1, 64}) EXPECT_EQ(autor.plan(T), Backend::kDirectMicro) << T;
+  for (int64_t T : {65, 4096, 16384}) EXPECT_EQ(autor.plan(T), device_is_sm90() ? Backend::kDynamic : Backend::kGeneric) << T;
   MoeRunner r(c, w, {.max_tokens = 500, .backend = Backend::kDynamic});
   EXPECT_EQ(r.plan(500), Backend::kDynamic);
   expect_graph_replays_deterministic(p, r, 5);
@@ -437,9 +440,10 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
   const Problem p = testkit::make_problem({c, 4, 71});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
   MoeRunner r(c, w, {.max_tokens = 4096});
-  // kAuto: direct_micro up to its 512 routes, generic above (gpu_runner.cpp, the measured sweep).
+  // kAuto: direct_micro up to its 512 routes while ≤ 32 per touched expert, then dynamic on sm_90,
+  // generic elsewhere (gpu_runner.cpp, the measured crossover).
   for (int64_t T : {1, 8, 64}) EXPECT_EQ(r.plan(T), Backend::kDirectMicro) << T;
-  for (int64_t T : {65, 4096}) EXPECT_EQ(r.plan(T), Backend::kGeneric) << T;
+  for (int64_t T : {65, 4096}) EXPECT_EQ(r.plan(T), device_is_sm90() ? Backend::kDynamic : Backend::kGeneric) << T;
   EXPECT_EQ(MoeRunner(c, w, {.max_tokens = 64, .backend = Backend::kGeneric}).plan(1), Backend::kGeneric);
   MoeRunner forced(c, w, {.max_tokens = 4096, .backend = Backend::kDirectMicro});
   EXPECT_EQ(forced.plan(64), Backend::kDirectMicro);  // 512 routes: its capacity
