@@ -239,46 +239,66 @@ FP4MOE_HD float block_amax(const float* v, int n, bool* has_nan) {
   return amax;
 }
 
+// Each quantiser is a per-block step (the scale byte, and the multiplier its elements are encoded
+// with) and a per-element step, so a block spread over threads (one element each, amax and NaN
+// reduced across them) encodes exactly like the sequential loop.
+
 // NVFP4: sf = e4m3(min(amax / (6·g), 448)); code_i = e2m1(v_i · (1 / (sf·g))).
-FP4MOE_HD uint8_t nvfp4_quantize_block(const float* v, float g, uint8_t* codes) {
-  bool nan;
-  const float amax = block_amax(v, kNvfp4Block, &nan);
-  for (int i = 0; i < kNvfp4Block; ++i) codes[i] = 0;
-  if (nan || is_nan(g)) return kE4M3NaN;
-  if (!(g > 0.0f)) return 0;
+struct Nvfp4Block {
+  uint8_t scale;   // E4M3 byte
+  bool encode;     // false: every code is 0 (NaN block or g, a non-positive g, or a zero decoded scale)
+  float inv;       // 1 / (decoded scale · g) where encode
+};
+FP4MOE_HD Nvfp4Block nvfp4_block(float amax, bool nan, float g) {
+  if (nan || is_nan(g)) return {kE4M3NaN, false, 0.0f};
+  if (!(g > 0.0f)) return {0, false, 0.0f};
   float sf = div_rn(amax, mul_rn(6.0f, g));
   sf = sf > kE4M3Max ? kE4M3Max : sf;
   const uint8_t byte = e4m3_encode(sf);
   const float denom = mul_rn(e4m3_decode(byte), g);
-  if (!(denom > 0.0f)) return byte;
-  const float inv = div_rn(1.0f, denom);
-  for (int i = 0; i < kNvfp4Block; ++i) codes[i] = e2m1_encode(mul_rn(v[i], inv));
-  return byte;
+  if (!(denom > 0.0f)) return {byte, false, 0.0f};
+  return {byte, true, div_rn(1.0f, denom)};
+}
+FP4MOE_HD uint8_t nvfp4_code(float v, const Nvfp4Block& b) { return b.encode ? e2m1_encode(mul_rn(v, b.inv)) : 0; }
+
+FP4MOE_HD uint8_t nvfp4_quantize_block(const float* v, float g, uint8_t* codes) {
+  bool nan;
+  const float amax = block_amax(v, kNvfp4Block, &nan);  // sets nan: its own statement, before nan is read
+  const Nvfp4Block b = nvfp4_block(amax, nan, g);
+  for (int i = 0; i < kNvfp4Block; ++i) codes[i] = nvfp4_code(v[i], b);
+  return b.scale;
 }
 
-// MXFP4: e = clamp(ceil(log2(amax/6)) + 127, 0, 254); code_i = e2m1(v_i · 2^(127-e)).
+// MX (MXFP4: E2M1 elements, elem_max 6; MXFP8: E4M3 elements, elem_max 448):
+// e = clamp(ceil(log2(amax / elem_max)) + 127, 0, 254); element i encodes v_i · 2^(127-e).
+// A NaN block gets scale 0xFF and elements 0.
+struct MxBlock {
+  uint8_t scale;  // UE8M0 byte
+  bool encode;    // false: NaN block, every element 0
+  float mul;      // 2^(127 - e)
+};
+FP4MOE_HD MxBlock mx_block(float amax, bool nan, float elem_max) {
+  if (nan) return {kUE8M0NaN, false, 0.0f};
+  const uint8_t e = mx_scale_byte(amax, elem_max);
+  return {e, true, pow2f(127 - static_cast<int>(e))};
+}
+FP4MOE_HD uint8_t mxfp4_code(float v, const MxBlock& b) { return b.encode ? e2m1_encode(mul_rn(v, b.mul)) : 0; }
+FP4MOE_HD uint8_t mxfp8_code(float v, const MxBlock& b) { return b.encode ? e4m3_encode(mul_rn(v, b.mul)) : 0; }
+
 FP4MOE_HD uint8_t mxfp4_quantize_block(const float* v, uint8_t* codes) {
   bool nan;
-  const float amax = block_amax(v, kMxBlock, &nan);
-  for (int i = 0; i < kMxBlock; ++i) codes[i] = 0;
-  if (nan) return kUE8M0NaN;
-  const uint8_t e = mx_scale_byte(amax, kE2M1Max);
-  const float m = pow2f(127 - static_cast<int>(e));
-  for (int i = 0; i < kMxBlock; ++i) codes[i] = e2m1_encode(mul_rn(v[i], m));
-  return e;
+  const float amax = block_amax(v, kMxBlock, &nan);  // sets nan: its own statement, before nan is read
+  const MxBlock b = mx_block(amax, nan, kE2M1Max);
+  for (int i = 0; i < kMxBlock; ++i) codes[i] = mxfp4_code(v[i], b);
+  return b.scale;
 }
 
-// MXFP8 (E4M3 elements): e = clamp(ceil(log2(amax/448)) + 127, 0, 254); q_i = e4m3(v_i · 2^(127-e)).
-// A NaN block gets scale 0xFF and elements 0.
 FP4MOE_HD uint8_t mxfp8_quantize_block(const float* v, uint8_t* q) {
   bool nan;
-  const float amax = block_amax(v, kMxBlock, &nan);
-  for (int i = 0; i < kMxBlock; ++i) q[i] = 0;
-  if (nan) return kUE8M0NaN;
-  const uint8_t e = mx_scale_byte(amax, kE4M3Max);
-  const float m = pow2f(127 - static_cast<int>(e));
-  for (int i = 0; i < kMxBlock; ++i) q[i] = e4m3_encode(mul_rn(v[i], m));
-  return e;
+  const float amax = block_amax(v, kMxBlock, &nan);  // sets nan: its own statement, before nan is read
+  const MxBlock b = mx_block(amax, nan, kE4M3Max);
+  for (int i = 0; i < kMxBlock; ++i) q[i] = mxfp8_code(v[i], b);
+  return b.scale;
 }
 
 }  // namespace fp4moe::fmt

@@ -9,6 +9,7 @@
 //   phase 1   one CTA item per (expert, 32 intermediate columns): its 8 warps split the reduction
 //             over H, stream the up and gate weight tiles once, add their partial sums in shared
 //             memory in warp order, and apply alpha, bias, activation, bf16 rounding and Q2 → A2[r]
+//             (one warp per route, a lane per column, block amax by shuffles)
 //                                                                                          → barrier
 //   phase 2   one CTA item per 16 output columns: its warps take (expert, k-chunk) units of W2 for
 //             every touched expert, leave per-route sums in shared memory, and the CTA writes
@@ -112,7 +113,6 @@ struct alignas(16) Smem {
   union {
     struct {
       float part[kWarps][8 * kMaxGroups][64];  // FC1 per-warp partial sums [warp][route in pass][up 0..31, gate 32..63]
-      float h[8 * kMaxGroups][32];             // FC1 epilogue: activation output, bf16-rounded
     } fc1;
     float fc2[kFc2Slots][16];                  // FC2 sums [k-chunk · routes + r][column]
   } u;
@@ -407,50 +407,34 @@ __device__ void fc1_item(const Params& p, Smem& sm, int u, int cb) {
               acc[s][q][i];
     __syncthreads();
     lap(p, &t0, 0);
-    // Epilogue, per (route in pass, column): Σ over warps in order → alpha, bias → act → bf16.
+    // Epilogue, one warp per route of the pass, lane = column: Σ over warps in order → alpha, bias →
+    // act → bf16 → Q2 of the lanes' blocks (amax by shuffles) → A2[r] (permuted).
     const float alpha = sm.alpha1[u] * (kF16 ? 64.f : 1.f);  // kF16: the weights were read as code × 2^-6
-    for (int i = threadIdx.x; i < n_routes * 32; i += kThreads) {
-      const int rho = i >> 5, col = i & 31, ic = 32 * cb + col;
+    const int ic = 32 * cb + lane;
+    float b_up = 0.f, b_gate = 0.f;
+    if (p.b13) {
+      const float* b = p.b13 + static_cast<int64_t>(e) * n1;
+      if (kGated) b_up = b[ic], b_gate = b[p.i_pad + ic];
+      else b_gate = b[ic];
+    }
+    for (int rho = warp; rho < n_routes; rho += kWarps) {  // warp-uniform: every lane shuffles
       float up = 0.f, gate = 0.f;
 #pragma unroll
       for (int ww = 0; ww < kWarps; ++ww) {
-        if (kGated) up += sm.u.fc1.part[ww][rho][col];
-        gate += sm.u.fc1.part[ww][rho][kGated ? 32 + col : col];
+        if (kGated) up += sm.u.fc1.part[ww][rho][lane];
+        gate += sm.u.fc1.part[ww][rho][kGated ? 32 + lane : lane];
       }
       up *= alpha, gate *= alpha;
       if (p.b13) {
-        const float* b = p.b13 + static_cast<int64_t>(e) * n1;
-        if (kGated) up += b[ic], gate += b[p.i_pad + ic];
-        else gate += b[ic];
+        if (kGated) up += b_up;
+        gate += b_gate;
       }
-      const float h = apply_activation<float>(p.activation, gate, up, p.sw_alpha, p.sw_beta, p.sw_limit);
-      sm.u.fc1.h[rho][col] = fmt::round_bf16(h);  // bf16 before Q2 (reference §2.4)
+      const float h = fmt::round_bf16(apply_activation<float>(p.activation, gate, up, p.sw_alpha, p.sw_beta,
+                                                              p.sw_limit));  // bf16 before Q2 (reference §2.4)
+      const __nv_bfloat16 o = qb == 16 ? quant_dequant_lanes<16>(p.q, h, sm.g2[u]) : quant_dequant_lanes<32>(p.q, h, sm.g2[u]);
+      store_act<kF16>(p.a2 + static_cast<int64_t>(sm.list[base + rho]) * p.i_pad, permuted_col(ic), o);
     }
-    __syncthreads();
-    // Q2 per block of qb columns → A2[r] (permuted).
-    const int nb = 32 / qb;
-    for (int i = threadIdx.x; i < n_routes * nb; i += kThreads) {
-      const int rho = i / nb, blk = i % nb;
-      __nv_bfloat16* dst = p.a2 + static_cast<int64_t>(sm.list[base + rho]) * p.i_pad;
-      if (qb == 16) {
-        float v[16];
-        __nv_bfloat16 o[16];
-#pragma unroll
-        for (int k = 0; k < 16; ++k) v[k] = sm.u.fc1.h[rho][16 * blk + k];
-        quant_dequant_block<16>(p.q, v, sm.g2[u], o);
-#pragma unroll
-        for (int k = 0; k < 16; ++k) store_act<kF16>(dst, permuted_col(32 * cb + 16 * blk + k), o[k]);
-      } else {
-        float v[32];
-        __nv_bfloat16 o[32];
-#pragma unroll
-        for (int k = 0; k < 32; ++k) v[k] = sm.u.fc1.h[rho][k];
-        quant_dequant_block<32>(p.q, v, sm.g2[u], o);
-#pragma unroll
-        for (int k = 0; k < 32; ++k) store_act<kF16>(dst, permuted_col(32 * cb + k), o[k]);
-      }
-    }
-    __syncthreads();  // part / h are reused by the next pass
+    __syncthreads();  // part is reused by the next pass
     lap(p, &t0, 1);
   }
 }

@@ -54,4 +54,33 @@ __device__ __forceinline__ void quant_dequant_block(QuantKind q, const float (&v
   }
 }
 
+// The same quantise-dequantise with the block spread over kBlock consecutive lanes of a warp (lane i
+// of the group holds element i; the groups start at lanes that are multiples of kBlock), every lane
+// of the warp taking part. amax and NaN are reduced across the group (max and or are
+// order-free), so codes and scales equal quant_dequant_block's bit for bit.
+template <int kBlock>
+__device__ __forceinline__ __nv_bfloat16 quant_dequant_lanes(QuantKind q, float v, float g) {
+  if (q == QuantKind::kNone) return __float2bfloat16_rn(v);
+  int nan = fmt::is_nan(v);
+  float amax = nan ? 0.0f : fmt::abs_f(v);  // block_amax: NaN never raises amax
+#pragma unroll
+  for (int o = kBlock / 2; o > 0; o >>= 1) {
+    const float other = __shfl_xor_sync(0xffffffffu, amax, o);
+    amax = other > amax ? other : amax;
+    nan |= __shfl_xor_sync(0xffffffffu, nan, o);
+  }
+  if constexpr (kBlock == fmt::kNvfp4Block) {
+    const fmt::Nvfp4Block b = fmt::nvfp4_block(amax, nan != 0, g);
+    return __float2bfloat16_rn(fmt::e2m1_decode(fmt::nvfp4_code(v, b)) * fmt::e4m3_decode(b.scale));
+  } else {
+    static_assert(kBlock == fmt::kMxBlock);
+    if (q == QuantKind::kMxfp4) {
+      const fmt::MxBlock b = fmt::mx_block(amax, nan != 0, fmt::kE2M1Max);
+      return __float2bfloat16_rn(fmt::e2m1_decode(fmt::mxfp4_code(v, b)) * fmt::ue8m0_decode(b.scale));
+    }
+    const fmt::MxBlock b = fmt::mx_block(amax, nan != 0, fmt::kE4M3Max);
+    return __float2bfloat16_rn(fmt::e4m3_decode(fmt::mxfp8_code(v, b)) * fmt::ue8m0_decode(b.scale));
+  }
+}
+
 }  // namespace fp4moe::kernels
