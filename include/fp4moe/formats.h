@@ -285,20 +285,16 @@ FP4MOE_HD MxBlock mx_block(float amax, bool nan, float elem_max) {
 FP4MOE_HD uint8_t mxfp4_code(float v, const MxBlock& b) { return b.encode ? e2m1_encode(mul_rn(v, b.mul)) : 0; }
 FP4MOE_HD uint8_t mxfp8_code(float v, const MxBlock& b) { return b.encode ? e4m3_encode(mul_rn(v, b.mul)) : 0; }
 
-FP4MOE_HD uint8_t mxfp4_quantize_block(const float* v, uint8_t* codes) {
+// One MX block: kE4 selects E4M3 elements (MXFP8) over E2M1 (MXFP4).
+template <bool kE4>
+FP4MOE_HD uint8_t mx_quantize_block(const float* v, uint8_t* codes) {
   bool nan;
   const float amax = block_amax(v, kMxBlock, &nan);  // sets nan: its own statement, before nan is read
-  const MxBlock b = mx_block(amax, nan, kE2M1Max);
-  for (int i = 0; i < kMxBlock; ++i) codes[i] = mxfp4_code(v[i], b);
+  const MxBlock b = mx_block(amax, nan, kE4 ? kE4M3Max : kE2M1Max);
+  for (int i = 0; i < kMxBlock; ++i) codes[i] = kE4 ? mxfp8_code(v[i], b) : mxfp4_code(v[i], b);
   return b.scale;
 }
-
-FP4MOE_HD uint8_t mxfp8_quantize_block(const float* v, uint8_t* q) {
-  bool nan;
-  const float amax = block_amax(v, kMxBlock, &nan);  // sets nan: its own statement, before nan is read
-  const MxBlock b = mx_block(amax, nan, kE4M3Max);
-  for (int i = 0; i < kMxBlock; ++i) q[i] = mxfp8_code(v[i], b);
-  return b.scale;
-}
+FP4MOE_HD uint8_t mxfp4_quantize_block(const float* v, uint8_t* codes) { return mx_quantize_block<false>(v, codes); }
+FP4MOE_HD uint8_t mxfp8_quantize_block(const float* v, uint8_t* q) { return mx_quantize_block<true>(v, q); }
 
 }  // namespace fp4moe::fmt
