@@ -5,7 +5,8 @@
 //             memory (no pre-pass launch): the touched local experts in ascending order (the same in
 //             every CTA) and, per expert, its routes r = t·K + j in an order that differs between CTAs
 //             (atomics) — so nothing ever depends on a route's position in that list
-//   phase 0   A1[r] = Q1(x[t]) with expert e's FC1 input scale, one warp per route         → barrier
+//   phase 0   A1[r] = Q1(x[t]) with expert e's FC1 input scale, a warp per (route, 32 columns),
+//             a lane per column                                                            → barrier
 //   phase 1   one CTA item per (expert, 32 intermediate columns): its 8 warps split the reduction
 //             over H, stream the up and gate weight tiles once, add their partial sums in shared
 //             memory in warp order, and apply alpha, bias, activation, bf16 rounding and Q2 → A2[r]
@@ -248,25 +249,16 @@ __device__ __forceinline__ void store_act(__nv_bfloat16* dst, long long i, __nv_
   }
 }
 
-// Phase 0 item: block b (kBlock columns) of routed row r: A1[r] = Q1(x[t]).
-template <int kBlock, bool kF16>
-__device__ void quantize_block(const Params& p, int r, int b, float g) {
-  const int t = r / p.top_k;
-  const __nv_bfloat16* xr = p.x + static_cast<int64_t>(t) * p.hidden;
-  __nv_bfloat16* dst = p.a1 + static_cast<int64_t>(r) * p.h_pad;
-  float v[kBlock];
-  __nv_bfloat16 q[kBlock];
-  const bool inside = b * kBlock < p.hidden;
-#pragma unroll
-  for (int i = 0; i < kBlock; i += 8) {
-    uint4 raw = inside ? *reinterpret_cast<const uint4*>(xr + b * kBlock + i) : make_uint4(0, 0, 0, 0);
-    const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[i + j] = __bfloat162float(h[j]);
-  }
-  quant_dequant_block<kBlock>(p.q, v, g, q);
-#pragma unroll
-  for (int i = 0; i < kBlock; ++i) store_act<kF16>(dst, permuted_col(b * kBlock + i), q[i]);
+// Phase 0 item, one warp: columns [32·cb, 32·cb + 32) of routed row r, a lane per column:
+// A1[r] = Q1(x[t]) (blocks of 16 or 32 lanes; columns past H are zeros). The warp's stores fill half
+// of one permuted 64-column chunk.
+template <bool kF16>
+__device__ __forceinline__ void quantize_cols(const Params& p, int r, int cb, float g) {
+  const int col = 32 * cb + (threadIdx.x & 31);
+  const __nv_bfloat16* xr = p.x + static_cast<int64_t>(r / p.top_k) * p.hidden;
+  const float v = col < p.hidden ? __bfloat162float(xr[col]) : 0.f;
+  const __nv_bfloat16 q = quant_block(p.q) == 16 ? quant_dequant_lanes<16>(p.q, v, g) : quant_dequant_lanes<32>(p.q, v, g);
+  store_act<kF16>(p.a1 + static_cast<int64_t>(r) * p.h_pad, permuted_col(col), q);
 }
 
 // Streams kS weight row tiles of one expert over KT k-tiles (kU at a time), against kG groups of
@@ -550,17 +542,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   const int nt = sm.num_touched;
   stamp(p, 1);
 
-  // Phase 0: quantise each routed row of x with its expert's FC1 input scale, one thread per
-  // (route, block).
+  // Phase 0: quantise each routed row of x with its expert's FC1 input scale, one warp per
+  // (route, 32 columns), spread over the whole grid.
   {
-    const int qb = quant_block(p.q), nb = p.h_pad / qb;
-    const int gtid = blockIdx.x * kThreads + threadIdx.x, nthreads = gridDim.x * kThreads;
-    for (int i = gtid; i < p.routes * nb; i += nthreads) {
-      const int r = i / nb, b = i % nb;
-      const int slot = sm.route_slot[r];
-      if (slot < 0) continue;
-      if (qb == 16) quantize_block<16, kF16>(p, r, b, sm.g1[slot]);
-      else quantize_block<32, kF16>(p, r, b, sm.g1[slot]);
+    const int nc = p.h_pad / 32;
+    const int gw = (threadIdx.x >> 5) * gridDim.x + blockIdx.x, nw = gridDim.x * kWarps;  // CTA-interleaved
+    for (int i = gw; i < p.routes * nc; i += nw) {  // warp-uniform
+      const int r = i / nc, slot = sm.route_slot[r];
+      if (slot >= 0) quantize_cols<kF16>(p, r, i % nc, sm.g1[slot]);
     }
   }
   stamp(p, 2);
