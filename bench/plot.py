@@ -3,7 +3,8 @@
 
     python3 bench/plot.py bench/results/<run>.jsonl [-o out.png] [--run NAME]
 
-One line per model (and per format/mode when the file holds several), x = tokens on a log2 axis,
+One line per model (and per format/mode, and per backend, when the run holds several: a run with
+`--backend a,b` draws each backend with its own line style), x = tokens on a log2 axis,
 y = efficiency (1.0 is the physical limit of bench-protocol.md). Rows without an efficiency (CPU
 runs, unsupported points) are skipped; when nothing is left the script says so and exits 1.
 A .jsonl may hold several runs (appended); by default the last run in the file is plotted.
@@ -52,19 +53,31 @@ def main():
 
     header, rows, run = load(args.jsonl, args.run)
     variants = {(r["format"], r["mode"]) for r in rows}
+    # Forced backends are compared on the same points; kAuto rows (whatever backend each point ran)
+    # stay one line per model.
+    forced = len({r["backend"] for r in rows}) > 1 and "--backend" in header.get("command", "")
+    backends = sorted({r["backend"] for r in rows}) if forced else []
     series = defaultdict(list)
     for r in rows:
         if r.get("efficiency") is None:
             continue
         label = r["model"] if len(variants) == 1 else f'{r["model"]} {r["format"]}-{r["mode"]}'
+        if forced:
+            label += f' [{r["backend"]}]'
         series[label].append((r["tokens"], r["efficiency"]))
     if not series:
         sys.exit(f"{args.jsonl}: run '{run}' has no efficiency figures (a CPU run, or every point unsupported)")
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
+    styles = ["-", "--", ":", "-."]
+    colours = {}
     for label in sorted(series):
         pts = sorted(series[label])
-        ax.plot([t for t, _ in pts], [100 * e for _, e in pts], marker="o", label=label)
+        base = label.split(" [")[0]
+        colours.setdefault(base, f"C{len(colours) % 10}")
+        style = styles[backends.index(label.split(" [")[1][:-1]) % len(styles)] if forced else "-"
+        ax.plot([t for t, _ in pts], [100 * e for _, e in pts], marker="o", label=label, color=colours[base],
+                linestyle=style)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens")
     ax.set_ylabel("efficiency = floor / time (%)")

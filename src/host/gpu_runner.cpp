@@ -14,10 +14,11 @@ namespace {
 //  - direct_micro up to T·K = 512 routes (its capacity) while the mean touched expert has at most
 //    kDirectMicroMaxRoutesPerExpert routes (T·K over at most min(E_local, T·K) touched experts): it
 //    streams each expert's weights once per 8–16 routes, so its cost grows with routes per expert.
-//    At 32 it won 14 of 15 decode points by 1.2–3.3× and lost one (llama4-scout T = 512, 7 %);
-//    mixtral-8x7b T = 256 (64 per expert) went to dynamic, 1.4× faster there.
-//  - dynamic above that on sm_90 (wgmma): faster than generic at 22 of 23 points (up to 1.8× at
-//    mixtral T = 16384, h200-prefill-20261202-2prod.md); 4 % slower at qwen3-30b-a3b T = 512.
+//    Within that rule it won 24 of the sweep's 25 points by 1.17–3.3× and lost one (llama4-scout
+//    T = 512, 7 %); mixtral-8x7b T = 256 (64 per expert) goes to dynamic, 1.4× faster there.
+//  - dynamic above that on sm_90 (wgmma): faster than generic at 34 of the sweep's 35 points (up to
+//    1.4×) and 1.3–1.8× faster at T = 2048–16384 (h200-prefill-20261202-2prod.md against
+//    h200-nvfp4-a4-all-20261202.md); 4 % slower at qwen3-30b-a3b T = 512.
 //  - generic where dynamic cannot run (not sm_90).
 constexpr int64_t kDirectMicroMaxRoutes = 512;
 constexpr int64_t kDirectMicroMaxRoutesPerExpert = 32;
