@@ -132,18 +132,13 @@ __device__ __forceinline__ int local_expert(const Params& p, int r) {
   return (e >= 0 && e < p.experts) ? static_cast<int>(e) : -1;
 }
 
-__device__ __forceinline__ void stamp(const Params& p, int i) {
-  if (p.trace != nullptr && threadIdx.x == 0) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    p.trace[blockIdx.x * kTraceSlots + i] = t;
-  }
-}
-
 __device__ __forceinline__ unsigned long long now_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+}
+__device__ __forceinline__ void stamp(const Params& p, int i) {
+  if (p.trace != nullptr && threadIdx.x == 0) p.trace[blockIdx.x * kTraceSlots + i] = now_ns();
 }
 // Thread 0 adds the time since *t0 to sum i of the trace and restarts *t0 (no-op without a trace).
 __device__ __forceinline__ void lap(const Params& p, unsigned long long* t0, int i) {
@@ -257,7 +252,7 @@ __device__ __forceinline__ void quantize_cols(const Params& p, int r, int cb, fl
   const int col = 32 * cb + (threadIdx.x & 31);
   const __nv_bfloat16* xr = p.x + static_cast<int64_t>(r / p.top_k) * p.hidden;
   const float v = col < p.hidden ? __bfloat162float(xr[col]) : 0.f;
-  const __nv_bfloat16 q = quant_block(p.q) == 16 ? quant_dequant_lanes<16>(p.q, v, g) : quant_dequant_lanes<32>(p.q, v, g);
+  const __nv_bfloat16 q = quant_dequant_lanes(p.q, v, g);
   store_act<kF16>(p.a1 + static_cast<int64_t>(r) * p.h_pad, permuted_col(col), q);
 }
 
@@ -334,8 +329,7 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem& sm, con
             uint32_t b[2];
             b[0] = (t & 1) ? lo.z : lo.x;
             b[1] = (t & 1) ? lo.w : lo.y;
-            if constexpr (kF16) ptx::mma_f16_16816(acc[s][q], a, b);
-            else ptx::mma_bf16_16816(acc[s][q], a, b);
+            ptx::mma_16816<kF16>(acc[s][q], a, b);
           }
         }
       }
@@ -423,7 +417,7 @@ __device__ void fc1_item(const Params& p, Smem& sm, int u, int cb) {
       }
       const float h = fmt::round_bf16(apply_activation<float>(p.activation, gate, up, p.sw_alpha, p.sw_beta,
                                                               p.sw_limit));  // bf16 before Q2 (reference §2.4)
-      const __nv_bfloat16 o = qb == 16 ? quant_dequant_lanes<16>(p.q, h, sm.g2[u]) : quant_dequant_lanes<32>(p.q, h, sm.g2[u]);
+      const __nv_bfloat16 o = quant_dequant_lanes(p.q, h, sm.g2[u]);
       store_act<kF16>(p.a2 + static_cast<int64_t>(sm.list[base + rho]) * p.i_pad, permuted_col(ic), o);
     }
     __syncthreads();  // part is reused by the next pass

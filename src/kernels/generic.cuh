@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) ptx::mma_bf16_16816(acc[mt][nt], a[mt], b[nt]);
+        for (int nt = 0; nt < 4; ++nt) ptx::mma_16816<false>(acc[mt][nt], a[mt], b[nt]);
     }
     __syncthreads();
   }

@@ -26,22 +26,19 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_r
                : "r"(smem_addr(smem_row)));
 }
 
-// D = A·B + D, m16n8k16, bf16 inputs, fp32 accumulators. A: 4 regs (row-major 16x16), B: 2 regs
-// (col-major 16x8), C/D: 4 floats — rows lane/4 and lane/4+8, columns 2·(lane%4) + {0, 1}.
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+// D = A·B + D, m16n8k16, bf16 inputs (f16 with kF16), fp32 accumulators. A: 4 regs (row-major
+// 16x16), B: 2 regs (col-major 16x8), C/D: 4 floats — rows lane/4 and lane/4+8, columns
+// 2·(lane%4) + {0, 1}.
+template <bool kF16>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#define FP4MOE_MMA_16816(TYPES)                                                                          \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPES ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, " \
+               "{%0,%1,%2,%3};\n"                                                                        \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                          \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+  if constexpr (kF16) FP4MOE_MMA_16816("f16.f16");
+  else FP4MOE_MMA_16816("bf16.bf16");
+#undef FP4MOE_MMA_16816
 }
 
 // Two E4M3 bytes (the low, kHi = false, or high 16 bits of v) → f16x2, exact (sm_89+).

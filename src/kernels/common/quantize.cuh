@@ -83,4 +83,9 @@ __device__ __forceinline__ __nv_bfloat16 quant_dequant_lanes(QuantKind q, float 
   }
 }
 
+// quant_dequant_lanes for the block size of q (quant_block: 16 lanes for NVFP4 and kNone, 32 for MX).
+__device__ __forceinline__ __nv_bfloat16 quant_dequant_lanes(QuantKind q, float v, float g) {
+  return quant_block(q) == 16 ? quant_dequant_lanes<16>(q, v, g) : quant_dequant_lanes<32>(q, v, g);
+}
+
 }  // namespace fp4moe::kernels
