@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -107,6 +108,36 @@ __global__ void quant_dequant_kernel(kernels::QuantKind q, const float* v, int b
     for (int i = 0; i < 32; ++i) in[i] = v[b * 32 + i];
     kernels::quant_dequant_block<32>(q, in, g, o);
     for (int i = 0; i < 32; ++i) out[b * 32 + i] = o[i];
+  }
+}
+
+// The lane-parallel form (quantize.cuh: one element per lane, a block across 16 or 32 lanes, amax and
+// NaN by shuffles), as direct_micro's phase 0 and FC1 epilogue run it.
+__global__ void quant_dequant_lanes_kernel(kernels::QuantKind q, const float* v, int n, float g, __nv_bfloat16* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  const __nv_bfloat16 o = kernels::quant_dequant_lanes(q, i < n ? v[i] : 0.0f, g);  // every lane shuffles
+  if (i < n) out[i] = o;
+}
+
+TEST(GpuQuantizers, LaneParallelEqualsBlockBitForBit) {
+  REQUIRE_GPU();
+  using kernels::QuantKind;
+  for (QuantKind q : {QuantKind::kNone, QuantKind::kNvfp4, QuantKind::kMxfp4, QuantKind::kMxfp8}) {
+    const int n = kernels::quant_block(q), blocks = 1 << 15, total = blocks * n;
+    const std::vector<float> v = edge_rich_values(static_cast<size_t>(total), 98);  // NaN and Inf blocks too
+    DeviceArray<float> dv(v);
+    DeviceArray<__nv_bfloat16> dblock(static_cast<size_t>(total)), dlanes(static_cast<size_t>(total));
+    quant_dequant_kernel<<<(blocks + 127) / 128, 128>>>(q, dv.get(), blocks, 0.37f, dblock.get());
+    GPU_CHECK(cudaGetLastError());
+    quant_dequant_lanes_kernel<<<(total + 255) / 256, 256>>>(q, dv.get(), total, 0.37f, dlanes.get());
+    GPU_CHECK(cudaGetLastError());
+    GPU_CHECK(cudaDeviceSynchronize());
+    const auto a = dblock.download(), b = dlanes.download();
+    int64_t bad = 0, first = -1;
+    for (int i = 0; i < total; ++i)
+      if (std::memcmp(&a[i], &b[i], sizeof(a[i])) != 0 && bad++ == 0) first = i;
+    EXPECT_EQ(bad, 0) << "quant kind " << int(q) << ": " << bad << " of " << total << " differ, first at element "
+                      << first << " (block " << first / n << ")";
   }
 }
 
