@@ -118,9 +118,13 @@ void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicro
   p.a2 = ws.a2.get<__nv_bfloat16>();
   p.zero_row = ws.max_routes;
   p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
-  p.fc2_parts = ws.fc2_parts;
-  p.fc2_scratch = ws.fc2_parts > 1 ? ws.fc2_scratch.get<float>() : nullptr;
-  p.fc2_flags = ws.fc2_parts > 1 ? ws.fc2_flags.get<unsigned>() : nullptr;
+  // One token: no FC2 split. Its FC2 units are so small that a CTA's GEMM takes as long split or not
+  // (qwen3-30b-a3b T = 1: per-CTA max 8.0 µs split, 7.5 unsplit), and the hand-over only adds: the
+  // phase ends at 32.4 µs split, 30.1 unsplit (bench/results/h200-direct-micro-phases-20261202-
+  // preload.txt). From T = 8 the split wins (99.0 vs 111.1 µs).
+  p.fc2_parts = a.tokens == 1 ? 1 : ws.fc2_parts;
+  p.fc2_scratch = p.fc2_parts > 1 ? ws.fc2_scratch.get<float>() : nullptr;
+  p.fc2_flags = p.fc2_parts > 1 ? ws.fc2_flags.get<unsigned>() : nullptr;
   p.out = a.out;
   p.out_fp32 = c.output_dtype == OutputDType::kFP32;
   p.trace = a.trace;
