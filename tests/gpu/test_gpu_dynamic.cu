@@ -236,7 +236,6 @@ void run_gemm_case(const GemmCase& g, uint64_t seed) {
     }
 
   DeviceArray<uint16_t> d_a(a);
-  DeviceArray<uint8_t> d_codes(codes), d_scales(scales);
   std::vector<uint8_t> fcodes, fscales;  // the mma-fragment order the kernel streams
   gpu::to_fragment_order(codes, scales, E, N, K, bs, fcodes, fscales);
   DeviceArray<uint8_t> d_fcodes(fcodes), d_fscales(fscales);
@@ -252,8 +251,6 @@ void run_gemm_case(const GemmCase& g, uint64_t seed) {
 
   kernels::MoeGemmParams p{};
   p.a = reinterpret_cast<const __nv_bfloat16*>(d_a.get());
-  p.w_packed = d_codes.get();
-  p.w_scales = d_scales.get();
   p.w_frag = reinterpret_cast<const uint4*>(d_fcodes.get());
   p.s_frag = d_fscales.get();
   p.w_rows = N, p.k_pad = K;
