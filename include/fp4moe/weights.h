@@ -6,6 +6,7 @@
 // keyed on data pointers (reference F9): preparing twice gives two independent objects.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -118,6 +119,9 @@ class PreparedWeights {
   int device() const;                    // -1 for host
   bool has_host() const;
   const QuantizedCheckpoint& host() const;  // throws Unsupported when not kept
+  // Bytes the prepared layer holds on its device: one copy of the FP4 codes and block scales in the
+  // kernels' layout (padded to the tile sizes), the per-expert scales and the biases. 0 for host.
+  size_t device_bytes() const;
   const Impl& impl() const { return *impl_; }
   explicit operator bool() const { return static_cast<bool>(impl_); }
 

@@ -308,6 +308,7 @@ NB_MODULE(_ext, m) {
 
   nb::class_<PreparedWeights>(m, "PreparedWeights")
       .def_prop_ro("device", &PreparedWeights::device)
+      .def_prop_ro("device_bytes", &PreparedWeights::device_bytes)
       .def_prop_ro("config", [](const PreparedWeights& w) { return w.config(); });
 
   nb::class_<PyRunner>(m, "Runner")

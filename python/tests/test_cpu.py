@@ -181,3 +181,13 @@ def test_extension_exports_only_its_entry_point():
     # CCCL/cudart objects and template instances are shared with the rest of the process (torch's
     # C++ runtime included), which broke our error messages once torch was loaded.
     assert _exported_symbols(_ext.__file__) == {"PyInit__ext"}
+
+
+def test_host_prepared_weights_hold_no_device_bytes():
+    c = make_config(fmt="nvfp4", mode="a4", act="silu")
+    p = problem(c)
+    pw = _ext.prepare(c, p["w13_packed"], p["w13_scales"], "linear", p.get("w13_global_scale"), p["w2_packed"],
+                      p["w2_scales"], "linear", p.get("w2_global_scale"), "up_gate", p.get("fc1_input_scale"),
+                      p.get("fc2_input_scale"), p.get("b13"), p.get("b2"), -1)
+    assert pw.device == -1
+    assert pw.device_bytes == 0

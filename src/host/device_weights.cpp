@@ -95,14 +95,10 @@ std::shared_ptr<const DeviceWeights> upload_weights(const MoeConfig& c, const Qu
   std::vector<uint8_t> fcodes, fscales;
   const int bs = w.w13.block();
   pad_projection(w.w13, d->n1_pad, d->h_pad, w13_row, codes, scales);
-  d->w13_packed = upload(codes.data(), codes.size(), "w13.packed");
-  d->w13_scales = upload(scales.data(), scales.size(), "w13.scales");
   to_fragment_order(codes, scales, EL, d->n1_pad, d->h_pad, bs, fcodes, fscales);
   d->w13_frag = upload(fcodes.data(), fcodes.size(), "w13.frag");
   d->w13_frag_scales = upload(fscales.data(), fscales.size(), "w13.frag_scales");
   pad_projection(w.w2, d->h_pad, d->i_pad, [&](int r) { return r < c.hidden ? r : -1; }, codes, scales);
-  d->w2_packed = upload(codes.data(), codes.size(), "w2.packed");
-  d->w2_scales = upload(scales.data(), scales.size(), "w2.scales");
   to_fragment_order(codes, scales, EL, d->h_pad, d->i_pad, bs, fcodes, fscales);
   d->w2_frag = upload(fcodes.data(), fcodes.size(), "w2.frag");
   d->w2_frag_scales = upload(fscales.data(), fscales.size(), "w2.frag_scales");
@@ -137,8 +133,7 @@ std::shared_ptr<const DeviceWeights> upload_weights(const MoeConfig& c, const Qu
     d->b13 = upload(b13.data(), b13.size() * sizeof(float), "b13");
     d->b2 = upload(b2.data(), b2.size() * sizeof(float), "b2");
   }
-  d->bytes = d->w13_packed.bytes() + d->w13_scales.bytes() + d->w2_packed.bytes() + d->w2_scales.bytes() +
-             d->w13_frag.bytes() + d->w13_frag_scales.bytes() + d->w2_frag.bytes() + d->w2_frag_scales.bytes() +
+  d->bytes = d->w13_frag.bytes() + d->w13_frag_scales.bytes() + d->w2_frag.bytes() + d->w2_frag_scales.bytes() +
              d->b13.bytes() + d->b2.bytes() + 4 * EL * sizeof(float);
   return d;
 }

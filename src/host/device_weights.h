@@ -1,11 +1,11 @@
-// DeviceWeights: the expert weights in the layouts the GPU kernels read. Internal.
+// DeviceWeights: the expert weights in the one layout every GPU kernel reads (generic, direct_micro,
+// dynamic), so a prepared layer holds its weights once. Internal.
 //
-// Layout (generic path; the decode backends add their own repacks here):
-//   packed codes  [E_local][rows_pad][k_pad / 2]      E2M1, element 2j in the low nibble
-//   block scales  [E_local][rows_pad][k_pad / block]  E4M3 or UE8M0 bytes, linear
-// with W13 rows = [up (I rows, padded to i_pad); gate (padded to i_pad)] (relu2: i_pad rows) and
+// Rows and k: W13 rows = [up (I rows, padded to i_pad); gate (padded to i_pad)] (relu2: i_pad rows),
 // k = H padded to h_pad; W2 rows = H padded to h_pad, k = I padded to i_pad. Padding is zero codes
-// and zero scales, so padded rows and columns contribute exactly 0.
+// and zero scales, so padded rows and columns contribute exactly 0. The layout is the mma-fragment
+// order below, built from the row-major packed form ([E][rows][k/2] codes, element 2j in the low
+// nibble; [E][rows][k/block] scales) by to_fragment_order.
 #pragma once
 
 #include <cstdint>
@@ -20,14 +20,12 @@ struct DeviceWeights {
   MoeConfig config;
   int device = 0;
   int h_pad = 0, i_pad = 0, n1_pad = 0;  // n1_pad = 2·i_pad (gated) or i_pad
-  DeviceBuffer w13_packed, w13_scales, w2_packed, w2_scales;
   // Per local expert: the factor applied to each GEMM's fp32 accumulator (product of the weight's
   // global scale and, for nvfp4-a4, the input's decode scale), and the input decode scales the
   // quantisers use.
   DeviceBuffer alpha1, alpha2, fc1_input_scale, fc2_input_scale;  // float [E_local]
   DeviceBuffer b13, b2;  // float [E_local][n1_pad], [E_local][h_pad] (has_bias), padded with 0
-  // The same weights in mma-fragment order for the decode kernels (direct_micro.cuh): tiles of
-  // 16 rows × 64 k, 512 bytes each, tile (e, rt, kt) at ((e·RT + rt)·KT + kt)·512, lane l's 16 bytes
+  // The weights in mma-fragment order: tiles of 16 rows × 64 k, 512 bytes each, tile (e, rt, kt) at ((e·RT + rt)·KT + kt)·512, lane l's 16 bytes
   // at l·16; 32-bit word t of a lane holds the A operand of k16 step t of m16n8k16:
   //   byte 0: row g,   k = 16t + 2c, +1      byte 2: row g,   k = 16t + 8 + 2c, +1
   //   byte 1: row g+8, k = 16t + 2c, +1      byte 3: row g+8, k = 16t + 8 + 2c, +1

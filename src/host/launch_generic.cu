@@ -99,8 +99,8 @@ kernels::MoeGemmParams moe_gemm_params(const MoeConfig& c, const DeviceWeights& 
   g.topk_weights = a.topk_weights;
   if (fc1) {  // A1 · W13ᵀ, epilogue → A2
     g.a = ws.a1.get<__nv_bfloat16>();
-    g.w_packed = w.w13_packed.get<uint8_t>();
-    g.w_scales = w.w13_scales.get<uint8_t>();
+    g.w_frag = w.w13_frag.get<uint4>();
+    g.s_frag = w.w13_frag_scales.get<uint8_t>();
     g.w_rows = w.n1_pad;
     g.k_pad = w.h_pad;
     g.alpha = w.alpha1.get<float>();
@@ -108,8 +108,8 @@ kernels::MoeGemmParams moe_gemm_params(const MoeConfig& c, const DeviceWeights& 
     g.a2 = ws.a2.get<__nv_bfloat16>();
   } else {  // A2 · W2ᵀ, epilogue → Y
     g.a = ws.a2.get<__nv_bfloat16>();
-    g.w_packed = w.w2_packed.get<uint8_t>();
-    g.w_scales = w.w2_scales.get<uint8_t>();
+    g.w_frag = w.w2_frag.get<uint4>();
+    g.s_frag = w.w2_frag_scales.get<uint8_t>();
     g.w_rows = w.h_pad;
     g.k_pad = w.i_pad;
     g.alpha = w.alpha2.get<float>();

@@ -2,6 +2,7 @@
 // device layouts.
 #include "fp4moe/errors.h"
 #include "fp4moe/weights.h"
+#include "host/device_weights.h"
 #include "host/prepared.h"
 
 namespace fp4moe {
@@ -20,6 +21,8 @@ const QuantizedCheckpoint& PreparedWeights::host() const {
                  "no host copy was kept (prepare with device = -1 or keep_host_copy = true)");
   return *impl_->host;
 }
+
+size_t PreparedWeights::device_bytes() const { return config(), impl_->dev ? impl_->dev->bytes : 0; }
 
 PreparedWeights prepare_weights(const MoeConfig& config, const CheckpointView& checkpoint,
                                 const PrepareOptions& options) {

@@ -37,6 +37,7 @@
 #include "fp4moe/activation.h"
 #include "kernels/common/dequant.cuh"
 #include "kernels/common/epilogue.cuh"
+#include "kernels/common/frag_dequant.cuh"
 #include "kernels/common/fragment_layout.h"
 #include "kernels/common/grid_barrier.cuh"
 #include "kernels/common/ptx.cuh"
@@ -93,12 +94,9 @@ inline constexpr int kTraceStamps = 7;  // %globaltimer at start, setup, phase 0
 inline constexpr int kTraceSums = 4;
 inline constexpr int kTraceSlots = kTraceStamps + kTraceSums;
 
-// The bf16 path's lookup tables, placed right after Smem in dynamic shared memory; the f16 path
-// (kF16) needs none and its launch leaves them out (40 KB less per CTA).
-struct Tables {
-  uint32_t e2m1x2[256][32];  // E2M1 byte → bf16x2, entry b of lane l at [b][l]
-  uint32_t scale2[256][8];   // scale byte → bf16x2 (both halves), entry of row group g at [b][g]
-};
+// The bf16 path's lookup tables (common/frag_dequant.cuh) follow Smem in dynamic shared memory; the
+// f16 path (kF16) needs none and its launch leaves them out (40 KB less per CTA).
+using Tables = FragTables;
 
 struct alignas(16) Smem {
   int count[kMaxExperts];      // routes per local expert, then the expert's slot in `touched`
@@ -157,16 +155,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* ptr) {  // read once: sk
   return v;
 }
 
-__device__ __forceinline__ uint32_t hmul2_f16(uint32_t a, uint32_t b) {
-  __half2 r = __hmul2(*reinterpret_cast<__half2*>(&a), *reinterpret_cast<__half2*>(&b));
-  return *reinterpret_cast<uint32_t*>(&r);
-}
-
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
-  return *reinterpret_cast<uint32_t*>(&r);
-}
-
 // Routing into shared memory; identical in every CTA.
 __device__ void build_routing(const Params& p, Smem& sm) {
   using Scan = cub::BlockScan<int, kThreads>;
@@ -218,20 +206,6 @@ __device__ void build_routing(const Params& p, Smem& sm) {
   __syncthreads();
 }
 
-// One table row per warp step: the lanes write consecutive words (no bank conflicts).
-__device__ void fill_tables(const Params& p, Smem& sm) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int b = warp; b < 256; b += kWarps) {
-    const uint32_t v = static_cast<uint32_t>(e2m1_to_bf16_bits(b & 0xF)) |
-                       (static_cast<uint32_t>(e2m1_to_bf16_bits(b >> 4)) << 16);
-    tables(sm).e2m1x2[b][lane] = v;
-    if (lane < 8) {
-      const uint16_t h = fmt::bf16_from_f32(p.nvfp4 ? fmt::e4m3_decode(b) : fmt::ue8m0_decode(b));
-      tables(sm).scale2[b][lane] = static_cast<uint32_t>(h) | (static_cast<uint32_t>(h) << 16);
-    }
-  }
-}
-
 // Activations as the GEMMs read them: bf16, or f16 on the NVFP4-a4 path (kF16), where every value
 // (E2M1 code × E4M3 block scale) is exact in both.
 template <bool kF16>
@@ -263,7 +237,7 @@ template <int kS, int kU, int kG, bool kF16>
 __device__ __forceinline__ void stream_gemm(const Params& p, const Smem& sm, const uint4* const (&w)[kS],
                                             const uint8_t* const (&sc)[kS], int KT,
                                             const __nv_bfloat16* const (&brow)[kG], float (&acc)[kS][kG][4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int lane = threadIdx.x & 31, c = lane & 3;
   const int sb = 64 / p.block;  // scale bytes per row per tile: 4 (NVFP4) or 2 (MX)
   for (int kt0 = 0; kt0 < KT; kt0 += kU) {
     uint4 wv[kU][kS];
@@ -276,14 +250,7 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem& sm, con
 #pragma unroll
       for (int s = 0; s < kS; ++s) {
         wv[u][s] = ld_stream(w[s] + kt * 32 + lane);
-        const uint8_t* st = sc[s] + static_cast<int64_t>(kt) * 16 * sb;
-        if (sb == 4) {
-          slo[u][s] = *reinterpret_cast<const uint32_t*>(st + g * 4);
-          shi[u][s] = *reinterpret_cast<const uint32_t*>(st + (g + 8) * 4);
-        } else {
-          slo[u][s] = *reinterpret_cast<const uint16_t*>(st + g * 2);
-          shi[u][s] = *reinterpret_cast<const uint16_t*>(st + (g + 8) * 2);
-        }
+        frag_scales(sc[s] + static_cast<int64_t>(kt) * 16 * sb, sb, slo[u][s], shi[u][s]);
       }
 #pragma unroll
       for (int q = 0; q < kG; ++q) {
@@ -299,30 +266,12 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem& sm, con
       if (kt0 + u >= KT) break;
 #pragma unroll
       for (int t = 0; t < 4; ++t) {
-        const int j = sb == 4 ? t : t >> 1;
 #pragma unroll
         for (int s = 0; s < kS; ++s) {
           const uint32_t word = t == 0 ? wv[u][s].x : t == 1 ? wv[u][s].y : t == 2 ? wv[u][s].z : wv[u][s].w;
           uint32_t a[4];
-          if constexpr (kF16) {
-            // E2M1 nibble (s e1 e0 m) → E4M3 byte (s 0 0 e1 e0 m 0 0), whose value is the code × 2^-6
-            // (the kernel multiplies alpha by 2^6); then one exact E4M3x2 → f16x2 conversion per register.
-            const uint32_t lo = e2m1_lo_as_e4m3(word), hi = e2m1_hi_as_e4m3(word);  // k, k + 1 of each byte
-            const uint32_t x01 = ptx::prmt(lo, hi, 0x5140), x23 = ptx::prmt(lo, hi, 0x7362);
-            const uint32_t s_lo = ptx::e4m3x2_to_f16x2<false>(ptx::prmt(slo[u][s], 0, t * 0x11));  // (s, s)
-            const uint32_t s_hi = ptx::e4m3x2_to_f16x2<false>(ptx::prmt(shi[u][s], 0, t * 0x11));
-            a[0] = hmul2_f16(ptx::e4m3x2_to_f16x2<false>(x01), s_lo);  // row g,   k 2c
-            a[1] = hmul2_f16(ptx::e4m3x2_to_f16x2<true>(x01), s_hi);   // row g+8, k 2c
-            a[2] = hmul2_f16(ptx::e4m3x2_to_f16x2<false>(x23), s_lo);  // row g,   k 2c+8
-            a[3] = hmul2_f16(ptx::e4m3x2_to_f16x2<true>(x23), s_hi);   // row g+8, k 2c+8
-          } else {
-            const uint32_t s_lo = tables(sm).scale2[(slo[u][s] >> (8 * j)) & 0xFF][g];
-            const uint32_t s_hi = tables(sm).scale2[(shi[u][s] >> (8 * j)) & 0xFF][g];
-            a[0] = bf16x2_mul(tables(sm).e2m1x2[word & 0xFF][lane], s_lo);          // row g,   k 2c
-            a[1] = bf16x2_mul(tables(sm).e2m1x2[(word >> 8) & 0xFF][lane], s_hi);   // row g+8, k 2c
-            a[2] = bf16x2_mul(tables(sm).e2m1x2[(word >> 16) & 0xFF][lane], s_lo);  // row g,   k 2c+8
-            a[3] = bf16x2_mul(tables(sm).e2m1x2[word >> 24][lane], s_hi);           // row g+8, k 2c+8
-          }
+          if constexpr (kF16) frag_a_f16(word, slo[u][s], shi[u][s], t, a);
+          else frag_a_bf16(tables(sm), word, slo[u][s], shi[u][s], t, sb, a);
 #pragma unroll
           for (int q = 0; q < kG; ++q) {
             const uint4& lo = bv[u][q][t >> 1];
@@ -531,7 +480,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   stamp(p, 0);
-  if (!kF16) fill_tables(p, sm);
+  if (!kF16) fill_frag_tables(tables(sm), p.nvfp4, threadIdx.x >> 5, kWarps);
   build_routing(p, sm);
   const int nt = sm.num_touched;
   stamp(p, 1);

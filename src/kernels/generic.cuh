@@ -8,9 +8,9 @@
 //   combine_kernel                      out[t] = Σ_j Y[route_row[t, j]], slot order (deterministic)
 //
 // Quantised operands are stored as their exactly dequantised bf16 values (code × block scale); the
-// NVFP4 global scales are folded into alpha. Weights are dequantised to bf16 in shared memory
-// through a 256-entry byte → bf16x2 table and multiplied on bf16 tensor cores (mma.sync m16n8k16,
-// fp32 accumulators).
+// NVFP4 global scales are folded into alpha. Weights are read in mma-fragment order (the one device
+// copy, device_weights.h), dequantised to bf16 in shared memory through a 256-entry byte → bf16x2
+// table and multiplied on bf16 tensor cores (mma.sync m16n8k16, fp32 accumulators).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,6 +19,7 @@
 #include "fp4moe/activation.h"
 #include "kernels/common/dequant.cuh"
 #include "kernels/common/epilogue.cuh"
+#include "kernels/common/frag_dequant.cuh"
 #include "kernels/common/moe_gemm.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/quantize.cuh"
@@ -28,6 +29,8 @@ namespace fp4moe::kernels::generic {
 // Tile of one CTA: BM routed rows × BN weight rows, BK along K per step; 4 warps in a 2 × 2 grid,
 // 32 × 32 each.
 inline constexpr int BM = 64, BN = 64, BK = 32, kThreads = 128;
+static_assert(BN == 16 * (kThreads / 32), "each warp dequantises one 16-row fragment tile of the B tile");
+static_assert(64 % BK == 0 && BK == 32, "a BK step is half of a 64-k fragment tile");
 inline constexpr int kSmemStride = BK + 8;  // bf16 per shared row: 80 B, so ldmatrix rows hit distinct banks
 
 // The problem description and the epilogues are shared with the dynamic backend (common/moe_gemm.cuh).
@@ -53,11 +56,14 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   fill_e2m1x2_table(sm.lut);
 
-  // Weight loads: thread → (row v, 16-wide half of the BK slice).
-  const int bv = tid >> 1, bhalf = tid & 1;
-  const int64_t wrow = static_cast<int64_t>(e) * p.w_rows + weight_row<BN>(p, kFc1, y, bv);
-  const uint8_t* w_codes = p.w_packed + wrow * (p.k_pad / 2);
-  const uint8_t* w_scale = p.w_scales + wrow * (p.k_pad / p.block);
+  // Weight loads from the mma-fragment order (device_weights.h): warp w takes the 16-row tile of
+  // tile columns [16w, 16w + 16) (16 consecutive weight rows: weight_row keeps 16-row groups whole),
+  // each lane its 16 bytes per 64-k fragment tile, of which a BK = 32 step uses words 2h, 2h + 1.
+  const int sb = 64 / p.block, g = lane >> 2, cq = lane & 3;
+  const int64_t ftile0 = (static_cast<int64_t>(e) * (p.w_rows / 16) + weight_row<BN>(p, kFc1, y, 16 * warp) / 16) *
+                         (p.k_pad / 64);
+  const unsigned char* w_codes = reinterpret_cast<const unsigned char*>(p.w_frag + ftile0 * 32 + lane);
+  const uint8_t* w_scale = p.s_frag + ftile0 * 16 * sb;
   const int ktiles = p.k_pad / BK;
 
   auto load_a = [&](int stage, int kt) {
@@ -71,11 +77,10 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
     ptx::cp_async_commit();
   };
   uint2 codes;
-  uint8_t scale;
+  uint32_t slo, shi;
   auto load_b = [&](int kt) {
-    const int k = kt * BK + bhalf * 16;
-    codes = *reinterpret_cast<const uint2*>(w_codes + k / 2);
-    scale = w_scale[k / p.block];
+    codes = *reinterpret_cast<const uint2*>(w_codes + (kt >> 1) * 512 + (kt & 1) * 8);
+    frag_scales(w_scale + (kt >> 1) * 16 * sb, sb, slo, shi);
   };
 
   float acc[2][4][4] = {};
@@ -84,10 +89,21 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
   load_b(0);
   __syncthreads();  // the table is filled
   for (int kt = 0; kt < ktiles; ++kt) {
-    uint4 deq[2];
-    dequant16(sm.lut, codes, scale_bf16x2(scale, p.nvfp4), deq);
-    *reinterpret_cast<uint4*>(&sm.b[bv][bhalf * 16]) = deq[0];
-    *reinterpret_cast<uint4*>(&sm.b[bv][bhalf * 16 + 8]) = deq[1];
+    // k16 step j of this BK step is step t = 2·(kt % 2) + j of the fragment tile: its A fragment
+    // (frag_dequant.cuh) goes to rows 16w + g (+8), k 16j + 2c (+8) of the B tile.
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int t = 2 * (kt & 1) + j, jb = sb == 4 ? t : t >> 1;
+      const uint32_t word = j ? codes.y : codes.x;
+      const __nv_bfloat162 s_lo = scale_bf16x2(static_cast<uint8_t>(slo >> (8 * jb)), p.nvfp4);
+      const __nv_bfloat162 s_hi = scale_bf16x2(static_cast<uint8_t>(shi >> (8 * jb)), p.nvfp4);
+      const uint32_t lo = *reinterpret_cast<const uint32_t*>(&s_lo), hi = *reinterpret_cast<const uint32_t*>(&s_hi);
+      const int n = 16 * warp + g, k = 16 * j + 2 * cq;
+      *reinterpret_cast<uint32_t*>(&sm.b[n][k]) = hmul2_bf16_bits(sm.lut.v[word & 0xFF], lo);
+      *reinterpret_cast<uint32_t*>(&sm.b[n + 8][k]) = hmul2_bf16_bits(sm.lut.v[(word >> 8) & 0xFF], hi);
+      *reinterpret_cast<uint32_t*>(&sm.b[n][k + 8]) = hmul2_bf16_bits(sm.lut.v[(word >> 16) & 0xFF], lo);
+      *reinterpret_cast<uint32_t*>(&sm.b[n + 8][k + 8]) = hmul2_bf16_bits(sm.lut.v[word >> 24], hi);
+    }
     ptx::cp_async_wait<0>();
     __syncthreads();
     if (kt + 1 < ktiles) {  // next step's loads overlap this step's MMAs

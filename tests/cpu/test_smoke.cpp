@@ -14,6 +14,7 @@ TEST(Smoke, HostRunnerMatchesReference) {
   spec.scale_layout = ScaleLayout::kSwizzled128x4;
   testkit::Problem p = testkit::make_problem(spec);
   PreparedWeights w = prepare_weights(c, p.checkpoint.view());
+  EXPECT_EQ(w.device_bytes(), 0u) << "host-prepared weights hold nothing on a device";
   std::vector<uint16_t> out(p.x.size(), testkit::kPoisonBF16);
   MoeRunner r(c, w, {.max_tokens = 8});
   r.run(p.x.data(), p.ids.data(), IndexType::kInt32, p.topk_weights.data(), out.data(), p.tokens);

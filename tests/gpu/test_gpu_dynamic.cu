@@ -4,7 +4,9 @@
 //                       memory at kmajor_offset(), read by wgmma through operand_desc(),
 //                       accumulator read back through acc_row/acc_col (wgmma_layout.h). Small
 //                       integers, so the result is exact. On failure it also tries the descriptor
-//                       with LBO and SBO exchanged and says whether that one matches.
+//                       with LBO and SBO exchanged and says whether that one matches. A second
+//                       probe takes A from registers in the m16n8k16 fragment layout (the dynamic
+//                       kernel's weights).
 //   GpuDynamicGemm      the library's kernel (dynamic::gemm_kernel<fc2> through
 //                       gpu::launch_dynamic_gemm) on random bf16 activations and random FP4
 //                       weights + block scales, with alpha = 1, no bias and router weight 1, so
@@ -27,6 +29,7 @@
 
 #include "fp4moe/formats.h"
 #include "gpu/gpu_util.h"
+#include "host/device_weights.h"
 #include "host/launch.h"
 #include "kernels/common/mbarrier.cuh"
 #include "kernels/common/moe_gemm.cuh"
@@ -83,16 +86,19 @@ __global__ void wgmma_probe_kernel(const uint16_t* a, const uint16_t* b, int r0,
   for (int i = 0; i < 64; ++i) d[wg::acc_row(t, i) * 128 + wg::acc_col(t, i)] = acc[i];
 }
 
-// Runs the probe; returns the number of elements that differ from the exact product.
-int64_t run_probe(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, int r0, bool swap,
-                  std::string* first_bad) {
-  DeviceArray<uint16_t> da(a), db(b);
-  DeviceArray<float> dd(64 * 128);
-  const uint32_t poison = testkit::kPoisonF32;
-  dd.fill_bytes(&poison, 4);
-  wgmma_probe_kernel<<<1, 128>>>(da.get(), db.get(), r0, swap, dd.get());
-  if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("wgmma_probe_kernel failed");
-  const auto d = dd.download();
+// n bf16 integers in [-4, 4]: every product and partial sum of the probes is exact in fp32.
+std::vector<uint16_t> small_ints(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> small(-4, 4);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = fmt::bf16_from_f32(static_cast<float>(small(rng)));
+  return v;
+}
+
+// Elements of d (64 × 128) that differ from the exact product of rows [r0, r0 + 64) of a (rows of 64
+// k) and b (128 rows of 64 k); the first one is described in *first_bad.
+int64_t count_wrong(const std::vector<uint16_t>& a, int r0, const std::vector<uint16_t>& b, const std::vector<float>& d,
+                    std::string* first_bad) {
   int64_t bad = 0;
   for (int i = 0; i < 64; ++i)
     for (int n = 0; n < 128; ++n) {
@@ -107,14 +113,21 @@ int64_t run_probe(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b
   return bad;
 }
 
+// Runs the probe; returns the number of elements that differ from the exact product.
+int64_t run_probe(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, int r0, bool swap,
+                  std::string* first_bad) {
+  DeviceArray<uint16_t> da(a), db(b);
+  DeviceArray<float> dd(64 * 128);
+  const uint32_t poison = testkit::kPoisonF32;
+  dd.fill_bytes(&poison, 4);
+  wgmma_probe_kernel<<<1, 128>>>(da.get(), db.get(), r0, swap, dd.get());
+  if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("wgmma_probe_kernel failed");
+  return count_wrong(a, r0, b, dd.download(), first_bad);
+}
+
 TEST(GpuWgmmaProbe, DescriptorsAndAccumulatorLayoutGiveTheExactProduct) {
   REQUIRE_SM90();
-  std::mt19937 rng(5);
-  std::uniform_int_distribution<int> small(-4, 4);
-  std::vector<uint16_t> a(128 * 64), b(128 * 64);
-  // Small integers: every product and every partial sum is exact in fp32.
-  for (auto& v : a) v = fmt::bf16_from_f32(static_cast<float>(small(rng)));
-  for (auto& v : b) v = fmt::bf16_from_f32(static_cast<float>(small(rng)));
+  const std::vector<uint16_t> a = small_ints(128 * 64, 5), b = small_ints(128 * 64, 50);
   for (int r0 : {0, 64}) {  // consumer warpgroup 0 and 1 of the dynamic kernel
     std::string first;
     const int64_t bad = run_probe(a, b, r0, false, &first);
@@ -126,6 +139,53 @@ TEST(GpuWgmmaProbe, DescriptorsAndAccumulatorLayoutGiveTheExactProduct) {
                     << (bad_swapped == 0 ? " -> the descriptor fields are swapped in wgmma_layout.h" : "");
     }
   }
+}
+
+// The same product with A (64 × 64, rows [0, 64) of `a`) from registers: warp w holds rows
+// 16w..16w+15 in the mma.m16n8k16 A layout (common/frag_dequant.cuh), the layout the dynamic kernel
+// dequantises its weights into.
+__global__ void wgmma_rs_probe_kernel(const uint16_t* a, const uint16_t* b, float* d) {
+  __shared__ __align__(128) unsigned char sb[128 * 64 * 2];
+  const int t = threadIdx.x, warp = t >> 5, lane = t & 31, g = lane >> 2, c = lane & 3;
+  for (int idx = t; idx < 128 * 64; idx += blockDim.x)
+    *reinterpret_cast<uint16_t*>(sb + wg::kmajor_offset(128, idx / 64, idx % 64)) = b[idx];
+  kernels::ptx::fence_proxy_async_smem();
+  __syncthreads();
+  auto pair = [&](int row, int k) {  // bf16 (row, k) and (row, k + 1) as one register
+    return static_cast<uint32_t>(a[row * 64 + k]) | (static_cast<uint32_t>(a[row * 64 + k + 1]) << 16);
+  };
+  uint32_t frag[4][4];
+  for (int ks = 0; ks < 4; ++ks) {
+    const int r = 16 * warp + g, k = 16 * ks + 2 * c;
+    frag[ks][0] = pair(r, k), frag[ks][1] = pair(r + 8, k), frag[ks][2] = pair(r, k + 8), frag[ks][3] = pair(r + 8, k + 8);
+  }
+  float acc[64];
+  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+  const uint32_t b_addr = kernels::ptx::smem_addr(sb);
+  kernels::ptx::fence_operand(acc);
+  kernels::ptx::wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+    kernels::ptx::mma_m64n128k16_rs<false>(acc, frag[ks], wg::operand_desc(b_addr, 128, 0, ks), 1);
+  kernels::ptx::wgmma_commit();
+  kernels::ptx::wgmma_wait<0>();
+  kernels::ptx::fence_operand(acc);
+  for (int i = 0; i < 64; ++i) d[wg::acc_row(t, i) * 128 + wg::acc_col(t, i)] = acc[i];
+}
+
+TEST(GpuWgmmaProbe, RegisterAOperandGivesTheExactProduct) {
+  REQUIRE_SM90();
+  const std::vector<uint16_t> a = small_ints(64 * 64, 6), b = small_ints(128 * 64, 60);
+  DeviceArray<uint16_t> da(a), db(b);
+  DeviceArray<float> dd(64 * 128);
+  const uint32_t poison = testkit::kPoisonF32;
+  dd.fill_bytes(&poison, 4);
+  wgmma_rs_probe_kernel<<<1, 128>>>(da.get(), db.get(), dd.get());
+  GPU_CHECK(cudaGetLastError());
+  GPU_CHECK(cudaDeviceSynchronize());
+  std::string first;
+  const int64_t bad = count_wrong(a, 0, b, dd.download(), &first);
+  EXPECT_EQ(bad, 0) << bad << " of 8192 elements wrong, first: " << first;
 }
 
 // ---- layer 2: the library's dynamic GEMM kernel -----------------------------------------------------
@@ -176,7 +236,9 @@ void run_gemm_case(const GemmCase& g, uint64_t seed) {
     }
 
   DeviceArray<uint16_t> d_a(a);
-  DeviceArray<uint8_t> d_codes(codes), d_scales(scales);
+  std::vector<uint8_t> fcodes, fscales;  // the mma-fragment order the kernel streams
+  gpu::to_fragment_order(codes, scales, E, N, K, bs, fcodes, fscales);
+  DeviceArray<uint8_t> d_fcodes(fcodes), d_fscales(fscales);
   DeviceArray<int> d_offset(offset), d_tile_expert(tile_expert), d_tile_row0(tile_row0), d_num_tiles(std::vector<int>{tiles});
   std::vector<int> route(rows);
   for (int r = 0; r < rows; ++r) route[r] = r;
@@ -189,8 +251,8 @@ void run_gemm_case(const GemmCase& g, uint64_t seed) {
 
   kernels::MoeGemmParams p{};
   p.a = reinterpret_cast<const __nv_bfloat16*>(d_a.get());
-  p.w_packed = d_codes.get();
-  p.w_scales = d_scales.get();
+  p.w_frag = reinterpret_cast<const uint4*>(d_fcodes.get());
+  p.s_frag = d_fscales.get();
   p.w_rows = N, p.k_pad = K;
   p.nvfp4 = g.nvfp4, p.block = bs;
   p.tile_expert = d_tile_expert.get(), p.tile_row0 = d_tile_row0.get(), p.num_tiles = d_num_tiles.get();

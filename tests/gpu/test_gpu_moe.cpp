@@ -434,6 +434,22 @@ TEST(GpuRunner, DeterministicAcross20Runs) {
   }
 }
 
+// Every GPU kernel reads the one fragment-order copy (device_weights.h): a prepared layer holds its
+// codes and block scales once, plus alpha / input scales and biases. H and I here are multiples of
+// the padding (64), so nothing is padded.
+TEST(GpuRunner, PreparedWeightsHoldOneCopy) {
+  REQUIRE_GPU();
+  for (bool bias : {false, true}) {
+    const MoeConfig c = make_config(8, 512, 256, 2, WeightFormat::kMXFP4, ActMode::kA16, Activation::kSilu, bias);
+    const Problem p = testkit::make_problem({c, 1, 72});
+    const PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
+    const size_t E = 8, H = 512, I = 256, bs = 32;
+    const size_t weights = E * (2 * I * H + H * I) / 2 + E * (2 * I * H + H * I) / bs;
+    const size_t extras = 4 * E * sizeof(float) + (bias ? E * (2 * I + H) * sizeof(float) : 0);
+    EXPECT_EQ(w.device_bytes(), weights + extras) << "bias " << bias;
+  }
+}
+
 TEST(GpuRunner, DispatchAndForcedBackends) {
   REQUIRE_GPU();
   const MoeConfig c = make_config(64, 256, 128, 8);

@@ -18,8 +18,8 @@ namespace fp4moe::kernels {
 
 struct MoeGemmParams {
   const __nv_bfloat16* a;       // [rows][k_pad] activations (A1 or A2)
-  const uint8_t* w_packed;      // [E_local][w_rows][k_pad / 2]
-  const uint8_t* w_scales;      // [E_local][w_rows][k_pad / block]
+  const uint4* w_frag;          // [E_local][w_rows / 16][k_pad / 64] tiles in mma-fragment order (device_weights.h)
+  const uint8_t* s_frag;        // their block scales, 16 · 64 / block bytes per tile
   int w_rows, k_pad;
   bool nvfp4;                   // weight scale type: E4M3 (true) or UE8M0
   int block;                    // weight scale block: 16 or 32
