@@ -163,11 +163,13 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
       next = load_slice(codes, scales, 0, sb);
       if (ktiles > 1) after = load_slice(codes, scales, 1, sb);
     }
-    for (int kt = 0; kt < ktiles; ++kt, ++it) {
+    // Two sets of A fragments: while stage kt's MMAs run, the warpgroup dequantises stage kt + 1 into
+    // the other set; wgmma_wait<1> then frees stage kt - 1's set and shared-memory tile.
+    uint32_t a0[4][4], a1[4][4];
+    auto stage = [&](int kt, uint32_t (&a)[4][4]) {
       const WeightSlice cur = next;
       next = after;
       if (ok && kt + 2 < ktiles) after = load_slice(codes, scales, kt + 2, sb);
-      uint32_t a[4][4];
       const uint32_t words[4] = {cur.codes.x, cur.codes.y, cur.codes.z, cur.codes.w};
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
@@ -185,10 +187,18 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
         ptx::mma_m64n128k16_rs<false>(acc, a[ks], wgmma::operand_desc(a_tile, BM, 0, ks), (kt | ks) != 0);
       ptx::wgmma_commit();
       ptx::fence_operand(acc);
-      ptx::wgmma_wait<0>();  // a[] is rewritten next stage, and the stage's tile has been read
+      ptx::wgmma_wait<1>();  // stage kt - 1's group is done: its A set and tile are free
       ptx::fence_operand(acc);
-      ptx::mbar_arrive(&sm.empty[s]);
+      if (kt > 0) ptx::mbar_arrive(&sm.empty[(it - 1) % kStages]);
+      ++it;
+    };
+    for (int kt = 0; kt < ktiles; kt += 2) {
+      stage(kt, a0);
+      if (kt + 1 < ktiles) stage(kt + 1, a1);
     }
+    ptx::wgmma_wait<0>();
+    ptx::fence_operand(acc);
+    ptx::mbar_arrive(&sm.empty[(it - 1) % kStages]);
 
     // Stage alpha·acc + bias transposed: acc element i is D[weight row 64c + acc_row][routed row
     // acc_col] (wgmma_layout.h), staged at c[routed row][tile column].
@@ -233,8 +243,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(MoeGemmParams p, int 
   __syncthreads();
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int work = *p.num_tiles * n_tiles;
-  if (threadIdx.x < kWarpgroup) produce<kFc1>(p, sm, n_tiles, work, wd);
-  else consume<kFc1>(p, sm, n_tiles, work, wd);
+  // 384 threads start with 168 registers each; the producer (cp.async only) gives back to 40 and
+  // the consumers (64 accumulators, two A fragment sets, weights two stages ahead) take 232:
+  // 128·40 + 256·232 = 64512 ≤ 65536.
+  if (threadIdx.x < kWarpgroup) {
+    ptx::setmaxnreg_dec<40>();
+    produce<kFc1>(p, sm, n_tiles, work, wd);
+  } else {
+    ptx::setmaxnreg_inc<232>();
+    consume<kFc1>(p, sm, n_tiles, work, wd);
+  }
 }
 
 }  // namespace fp4moe::kernels::dynamic
