@@ -226,8 +226,8 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
 }
 
 // n_tiles: weight n-tiles per m-tile (FC1 gated: i_pad / 64; otherwise ceil(w_rows / 128)).
-// watchdog: optional global int[ptx::kWatchdogReportInts], zeroed, that a timed-out pipeline wait
-// fills (tests); null in production.
+// watchdog: optional global int[ptx::kWatchdogReportInts], zeroed, that a pipeline wait past
+// ptx::kWatchdogNs fills (tests); null in production, where waits have no time limit.
 template <bool kFc1>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(MoeGemmParams p, int n_tiles, int* watchdog) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

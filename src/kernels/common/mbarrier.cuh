@@ -1,6 +1,6 @@
 // Shared-memory mbarriers (PTX ISA 9.7.13.15 "mbarrier") for producer/consumer pipelines inside one
-// CTA, named barriers for sub-CTA groups, and a watchdog that turns a pipeline deadlock into a
-// wrong result (and a report for the tests) instead of a hung GPU.
+// CTA, named barriers for sub-CTA groups, and a test-only watchdog that turns a pipeline deadlock
+// into a report instead of a hung test suite.
 //
 // Phases: an mbarrier initialised with count n completes its current phase when n arrivals have
 // been made, then starts the next phase. try_wait.parity(P) succeeds once the phase with parity P
@@ -48,27 +48,37 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// A pipeline deadlock (a bug: wrong arrival counts or parities) would hang the GPU. Every wait gives
-// up after kWatchdogNs: the first thread of the CTA to give up raises `aborted` (shared) and every
-// later wait of the CTA returns at once, so the kernel finishes, with a wrong result that the tests
-// report. If `report` is given, the first CTA of the grid to give up writes there
+// Tests pass a watchdog so that a pipeline deadlock (a bug: wrong arrival counts or parities) fails
+// the test instead of hanging the suite: every wait gives up after kWatchdogNs, the first thread of
+// the CTA to give up raises `aborted` (shared) and every later wait of the CTA returns at once, so
+// the kernel finishes and the first CTA of the grid to give up writes
 //   report[0] = 1, [1] = block, [2] = thread, [3] = pipeline step, [4] = which barrier, [5] = parity.
+// Without a report (production) waits are unbounded: a slow wait is not a deadlock. A 2 s limit
+// once turned compute-sanitizer racecheck's slowdown into wrong results (a consumer gave up on
+// "full" at step 0 while the instrumented producer was still copying), and preemption or
+// time-slicing could do the same to a server: a hang is visible, a silently wrong answer is not.
+// The limit is far above any wait of a correct kernel, even under the sanitizers.
 // No printf: a function call anywhere in a kernel makes ptxas serialise all its wgmma.
-inline constexpr uint64_t kWatchdogNs = 2'000'000'000ull;
+inline constexpr uint64_t kWatchdogNs = 60'000'000'000ull;
 inline constexpr int kWatchdogReportInts = 6;
 
 struct Watchdog {
   int* aborted;  // shared, 0 at kernel start
-  int* report;   // global [kWatchdogReportInts], zeroed by the caller; or null
+  int* report;   // global [kWatchdogReportInts], zeroed by the caller (tests); null: no time limit
 };
 
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, const Watchdog& wd, int what, int step) {
   if (mbar_try_wait(bar, parity)) return;
+  if (wd.report == nullptr) {
+    while (!mbar_try_wait(bar, parity)) {
+    }
+    return;
+  }
   const uint64_t t0 = globaltimer_ns();
   while (!mbar_try_wait(bar, parity)) {
     if (*static_cast<volatile int*>(wd.aborted)) return;
     if (globaltimer_ns() - t0 > kWatchdogNs) {
-      if (atomicExch(wd.aborted, 1) == 0 && wd.report && atomicCAS(wd.report, 0, 1) == 0) {
+      if (atomicExch(wd.aborted, 1) == 0 && atomicCAS(wd.report, 0, 1) == 0) {
         wd.report[1] = static_cast<int>(blockIdx.x);
         wd.report[2] = static_cast<int>(threadIdx.x);
         wd.report[3] = step;
