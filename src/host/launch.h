@@ -75,9 +75,10 @@ struct DirectMicroWorkspace {
 };
 // RunArgs::trace of direct_micro: [grid][kDirectMicroTraceSlots] per CTA, zeroed by the caller: %globaltimer
 // stamps (start, setup, phase 0, barrier, phase 1, barrier, end), then ns summed over the CTA's items
-// (FC1 GEMM, FC1 epilogue + Q2, FC2 GEMM, FC2 top-k sum).
+// (FC1 GEMM, FC1 epilogue + Q2, FC2 GEMM, FC2 top-k sum), then the CTA's %smid, FC1 items, FC2 items.
 inline constexpr int kDirectMicroTraceStamps = 7;
-inline constexpr int kDirectMicroTraceSlots = kDirectMicroTraceStamps + 4;
+inline constexpr int kDirectMicroTraceSums = 4;
+inline constexpr int kDirectMicroTraceSlots = kDirectMicroTraceStamps + kDirectMicroTraceSums + 3;
 bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why);
 void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicroWorkspace& ws, const RunArgs& a);
 

@@ -86,13 +86,16 @@ struct Params {
   unsigned* fc2_flags;
   void* out;
   bool out_fp32;
-  unsigned long long* trace;  // diagnostics: null, or [grid][kTraceSlots] per CTA (kTraceStamps, then kTraceSums)
+  unsigned long long* trace;  // diagnostics: null, or [grid][kTraceSlots] per CTA (kTraceStamps, kTraceSums, kTraceWhere)
 };
 inline constexpr int kTraceStamps = 7;  // %globaltimer at start, setup, phase 0, barrier, phase 1, barrier, end
 // ns summed over the CTA's items: FC1 GEMM (to the partial sums' barrier), FC1 epilogue + Q2, FC2 GEMM
 // (to the sums' barrier), FC2 hand-over + top-k sum.
 inline constexpr int kTraceSums = 4;
-inline constexpr int kTraceSlots = kTraceStamps + kTraceSums;
+// Where the work ran: the CTA's %smid, its FC1 items and its FC2 items (how evenly items spread over
+// SMs, not only over CTAs).
+inline constexpr int kTraceWhere = 3;
+inline constexpr int kTraceSlots = kTraceStamps + kTraceSums + kTraceWhere;
 
 // The bf16 path's lookup tables (common/frag_dequant.cuh) follow Smem in dynamic shared memory; the
 // f16 path (kF16) needs none and its launch leaves them out (40 KB less per CTA).
@@ -134,6 +137,10 @@ __device__ __forceinline__ unsigned long long now_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+}
+// Thread 0 records value v in where-slot i of the trace (no-op without a trace).
+__device__ __forceinline__ void where(const Params& p, int i, unsigned long long v) {
+  if (p.trace != nullptr && threadIdx.x == 0) p.trace[blockIdx.x * kTraceSlots + kTraceStamps + kTraceSums + i] = v;
 }
 __device__ __forceinline__ void stamp(const Params& p, int i) {
   if (p.trace != nullptr && threadIdx.x == 0) p.trace[blockIdx.x * kTraceSlots + i] = now_ns();
@@ -480,6 +487,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   stamp(p, 0);
+  if (p.trace != nullptr) {
+    unsigned smid;
+    asm("mov.u32 %0, %%smid;" : "=r"(smid));
+    where(p, 0, smid);
+  }
   if (!kF16) fill_frag_tables(tables(sm), p.nvfp4, threadIdx.x >> 5, kWarps);
   build_routing(p, sm);
   const int nt = sm.num_touched;
@@ -502,6 +514,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   // Phase 1: FC1 + epilogue per (expert, 32 intermediate columns), expert-major so neighbouring
   // CTAs stream neighbouring weight rows.
   const int C32 = p.i_pad / 32;
+  where(p, 1, blockIdx.x < nt * C32 ? (nt * C32 - 1 - blockIdx.x) / gridDim.x + 1 : 0);
   for (int item = blockIdx.x; item < nt * C32; item += gridDim.x) {
     if (p.gated) fc1_item<kG, true, kF16>(p, sm, item / C32, item % C32);
     else fc1_item<kG, false, kF16>(p, sm, item / C32, item % C32);
@@ -512,7 +525,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
 
   // Phase 2: FC2 + top-k sum per 16 output columns.
   const int KC2 = fc2_chunks(nt, p.i_pad / 64, p.routes);
-  for (int item = blockIdx.x; item < p.h_pad / 16 * p.fc2_parts; item += gridDim.x)
+  const int items2 = p.h_pad / 16 * p.fc2_parts;
+  where(p, 2, static_cast<int>(blockIdx.x) < items2 ? (items2 - 1 - blockIdx.x) / gridDim.x + 1 : 0);
+  for (int item = blockIdx.x; item < items2; item += gridDim.x)
     fc2_item<kG, kF16>(p, sm, item / p.fc2_parts, item % p.fc2_parts, KC2);
   stamp(p, 6);
 }

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
+#include <map>
 #include <vector>
 
 #include "gpu/gpu_util.h"
@@ -39,7 +41,8 @@ __global__ void spin(unsigned long long ns) {
 void print_phases(const char* what, const std::vector<unsigned long long>& t, int grid) {
   constexpr int kStamps = gpu::kDirectMicroTraceStamps, kSlots = gpu::kDirectMicroTraceSlots;
   const char* names[kStamps] = {"start", "setup", "phase0", "barrier1", "fc1", "barrier2", "fc2"};
-  const char* sums[kSlots - kStamps] = {"fc1 gemm", "fc1 epilogue", "fc2 gemm", "fc2 sum"};
+  constexpr int kSums = gpu::kDirectMicroTraceSums;
+  const char* sums[kSums] = {"fc1 gemm", "fc1 epilogue", "fc2 gemm", "fc2 sum"};
   unsigned long long t0 = ~0ull;
   for (int b = 0; b < grid; ++b) t0 = std::min(t0, t[b * kSlots]);
   std::printf("  %-26s", what);
@@ -54,7 +57,7 @@ void print_phases(const char* what, const std::vector<unsigned long long>& t, in
     std::printf(" %s %7.2f", names[i], mx / 1e3);
   }
   std::printf("  (fc2 mean %7.2f)\n  %-26s", mean / grid / 1e3, "  per-CTA sums mean/max");
-  for (int i = kStamps; i < kSlots; ++i) {
+  for (int i = kStamps; i < kStamps + kSums; ++i) {
     unsigned long long mx = 0;
     double sum = 0;
     for (int b = 0; b < grid; ++b) {
@@ -62,6 +65,20 @@ void print_phases(const char* what, const std::vector<unsigned long long>& t, in
       sum += static_cast<double>(t[b * kSlots + i]);
     }
     std::printf(" %s %6.2f/%6.2f", sums[i - kStamps], sum / grid / 1e3, mx / 1e3);
+  }
+  // Items per SM: the SMs that had any, the most on one SM, and the least any SM could have had.
+  std::printf("\n  %-26s", "  items per SM");
+  std::map<unsigned long long, std::array<unsigned long long, 2>> per_sm;
+  for (int b = 0; b < grid; ++b) {
+    auto& n = per_sm[t[b * kSlots + kStamps + kSums]];
+    n[0] += t[b * kSlots + kStamps + kSums + 1], n[1] += t[b * kSlots + kStamps + kSums + 2];
+  }
+  for (int k = 0; k < 2; ++k) {
+    unsigned long long items = 0, busy = 0, mx = 0;
+    for (const auto& [sm, n] : per_sm) items += n[k], busy += n[k] > 0, mx = std::max(mx, n[k]);
+    const unsigned long long sms = per_sm.size();
+    std::printf(" %s %llu items on %llu of %llu SMs, max %llu (even: %llu)", k == 0 ? "fc1" : " fc2", items, busy,
+                sms, mx, (items + sms - 1) / sms);
   }
   std::printf("\n");
 }
