@@ -8,7 +8,7 @@
 # check.log / bench.log (bench results go to the log directory unless ARGS name an --out-dir). --stop-on-fail skips
 # the remaining checks and benches after one exits non-zero. --bin DIR: use the fp4moe already built
 # in DIR (e.g. from a clean worktree of a commit) instead of building; needs --no-tests. --no-tests
-# builds only the command. --plot runs bench/plot.py on every .jsonl in the log directory at the end. --python
+# skips the CPU and GPU suites; the GPU test binary is still built for --diag and --sanitize. --plot runs bench/plot.py on every .jsonl in the log directory at the end. --python
 # installs the Python package (`pip install .`, all cores) and runs its pytest suite, GPU tests included.
 # --ncu "REGEX[@SKIP]::ARGS" profiles one launch of the kernels matching REGEX (e.g. direct_micro_kernel,
 # gemm_kernel) inside `fp4moe bench ARGS` with Nsight Compute (--set full, after SKIP (default 3) launches of it),
@@ -58,7 +58,9 @@ if [ -n "$BIN" ]; then
   [ $TESTS -eq 0 ] || { echo "--bin needs --no-tests (the tests are not prebuilt)" >&2; exit 2; }
   rc=0; summary+=("build|prebuilt $FP4MOE")
 else
-  targets="$([ $TESTS -eq 1 ] && echo fp4moe_tests fp4moe_gpu_tests) $([ ${#STEPS[@]} -gt 0 ] && echo fp4moe_cli)"
+  # --diag and --sanitize run the GPU test binary, so they build it even with --no-tests.
+  targets="$([ $TESTS -eq 1 ] && echo fp4moe_tests) $([ $((TESTS + DIAG + SANITIZE)) -gt 0 ] && echo fp4moe_gpu_tests)"
+  targets+=" $([ ${#STEPS[@]} -gt 0 ] && echo fp4moe_cli)"
   rc=0
   if [ -n "${targets// /}" ]; then  # nothing to build when only --python is asked (pip builds its own)
     cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUTDIR/configure.log" 2>&1 \
@@ -77,7 +79,7 @@ if [ $TESTS -eq 1 ]; then
   grep -E "FAILED|Failure|error" "$OUTDIR/gpu_tests.log" | head -40
   summary+=("gpu tests|rc=$rc|$(( $(date +%s) - t1 ))s|$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUTDIR/gpu_tests.log" | tr '\n' ' ')")
 fi
-if [ $DIAG -eq 1 ] && [ $TESTS -eq 1 ]; then
+if [ $DIAG -eq 1 ]; then
   timeout 120 ./build-device/fp4moe_gpu_tests --gtest_also_run_disabled_tests --gtest_filter='GpuDiagnostics.*' \
     > "$OUTDIR/diag.log" 2>&1
   summary+=("diagnostics|rc=$?")
@@ -85,7 +87,7 @@ fi
 if [ $SANITIZE -eq 1 ]; then
   for tool in memcheck racecheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 ./build-device/fp4moe_gpu_tests \
-      --gtest_filter='GpuEdge.SingleToken*:GpuEdge.Experts512*:GpuEdge.LocalExpertRange:All/GpuMatrix.MatchesReference/nvfp4_a4_silu_bias:All/GpuMatrix.MatchesReference/mxfp4_a8_relu2' \
+      --gtest_filter='GpuEdge.SingleToken*:GpuEdge.Experts512*:GpuEdge.LocalExpertRange:GpuDynamicGemm.*:All/GpuMatrix.MatchesReference/nvfp4_a4_silu_bias:All/GpuMatrix.MatchesReference/mxfp4_a8_relu2' \
       > "$OUTDIR/sanitize_$tool.log" 2>&1
     rc=$?; summary+=("sanitizer $tool|rc=$rc|$(grep -E 'ERROR SUMMARY' "$OUTDIR/sanitize_$tool.log" | tail -1)")
   done
