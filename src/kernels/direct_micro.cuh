@@ -327,7 +327,6 @@ __device__ void fc1_item(const Params& p, Smem& sm, int u, int cb) {
     w[s] = p.w13 + tile * 32;
     sc[s] = p.s13 + tile * 16 * sb;
   }
-  const int qb = quant_block(p.q);
   for (int base = begin; base < end; base += kRoutes) {
     unsigned long long t0 = p.trace != nullptr ? now_ns() : 0;
     const int n_routes = min(kRoutes, end - base);

@@ -12,6 +12,7 @@
 #include "fp4moe/formats.h"
 #include "gpu/gpu_util.h"
 #include "kernels/common/dequant.cuh"
+#include "kernels/common/frag_dequant.cuh"
 #include "kernels/common/grid_barrier.cuh"
 #include "kernels/common/quantize.cuh"
 
@@ -181,17 +182,17 @@ TEST(GpuQuantizers, DequantisedValuesAreExact) {
   }
 }
 
-// Every E2M1 code × every E4M3 scale through the kernels' bf16 dequantisation equals the exact product.
+// Every E2M1 code × every E4M3 scale through the kernels' bf16 dequantisation (generic's B-tile fill:
+// the byte table times the block scale) equals the exact product.
 __global__ void dequant_all_kernel(uint32_t* out) {
   __shared__ kernels::E2m1x2Table t;
   kernels::fill_e2m1x2_table(t);
   __syncthreads();
   const int s = blockIdx.x;  // scale byte
   const int byte = threadIdx.x;  // 256 code pairs
-  uint2 packed = make_uint2(byte * 0x01010101u, byte * 0x01010101u);
-  uint4 o[2];
-  kernels::dequant16(t, packed, kernels::scale_bf16x2(static_cast<uint8_t>(s), true), o);
-  out[s * 256 + byte] = o[0].x;  // elements 0 (low nibble) and 1 (high nibble)
+  const __nv_bfloat162 scale = kernels::scale_bf16x2(static_cast<uint8_t>(s), true);
+  // elements 0 (low nibble) and 1 (high nibble)
+  out[s * 256 + byte] = kernels::hmul2_bf16_bits(t.v[byte], *reinterpret_cast<const uint32_t*>(&scale));
 }
 
 TEST(GpuDequant, E2m1TimesE4m3IsExactInBf16) {

@@ -34,19 +34,4 @@ __device__ __forceinline__ __nv_bfloat162 scale_bf16x2(uint8_t s, bool nvfp4) {
   return __float2bfloat162_rn(f);
 }
 
-// 8 packed bytes (16 codes) × scale → 16 bf16 written as two 16-byte vectors.
-__device__ __forceinline__ void dequant16(const E2m1x2Table& t, uint2 packed, __nv_bfloat162 scale, uint4 (&out)[2]) {
-  uint32_t w[8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t lo = t.v[(packed.x >> (8 * i)) & 0xFF], hi = t.v[(packed.y >> (8 * i)) & 0xFF];
-    __nv_bfloat162 a = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&lo), scale);
-    __nv_bfloat162 b = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&hi), scale);
-    w[i] = *reinterpret_cast<uint32_t*>(&a);
-    w[4 + i] = *reinterpret_cast<uint32_t*>(&b);
-  }
-  out[0] = make_uint4(w[0], w[1], w[2], w[3]);
-  out[1] = make_uint4(w[4], w[5], w[6], w[7]);
-}
-
 }  // namespace fp4moe::kernels
