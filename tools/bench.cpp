@@ -66,11 +66,7 @@ BenchRow bench_point_cpu(const Point& point, const PreparedWeights& weights, con
   try {
     const testkit::Inputs p = build_inputs(point, T, ctx.seed, ctx.args.threads);
     fill_counts(row, c, p, 1, ctx);
-    RunnerOptions ro;
-    ro.max_tokens = T;
-    ro.backend = ctx.args.backend;
-    ro.cpu_threads = ctx.args.threads;
-    MoeRunner runner(c, weights, ro);
+    MoeRunner runner(c, weights, runner_options(ctx.args, ctx.args.backend, T));
     std::vector<uint16_t> out(size_t(T) * c.hidden, testkit::kPoisonBF16);
     auto call = [&] { runner.run(p.x.data(), p.ids.data(), IndexType::kInt32, p.topk_weights.data(), out.data(), T); };
     for (int i = 0; i < ctx.warmup; ++i) call();
@@ -113,11 +109,8 @@ BenchRow bench_point_gpu(const Point& point, const PreparedWeights& weights, con
 
   // fp4moe.
   try {
-    RunnerOptions ro;
-    ro.max_tokens = T;
-    ro.backend = backend;
-    MoeRunner runner(c, weights, ro);
-    row.backend = std::string(to_string(runner.plan(T)));
+    MoeRunner runner(c, weights, runner_options(ctx.args, backend, T));
+    row.backend = std::string(to_string(runner.plan(T))) + (runner.plan_bf16_copy(T) ? " (bf16 copy)" : "");
     auto call = [&](cudaStream_t s, int set) {
       runner.run(d.x_set(set), d.ids_set(set), IndexType::kInt32, d.w_set(set), d.out.get(), T, s);
     };

@@ -66,12 +66,8 @@ CheckRow check_point(const Point& point, const PreparedWeights& weights, bool gp
   const int H = c.hidden, K = c.top_k;
   try {
     const testkit::Inputs in = build_inputs(point, T, seed, args.threads);
-    RunnerOptions ro;
-    ro.max_tokens = T;
-    ro.backend = args.backend;
-    ro.cpu_threads = args.threads;
-    MoeRunner runner(c, weights, ro);
-    row.backend = std::string(to_string(runner.plan(T)));
+    MoeRunner runner(c, weights, runner_options(args, args.backend, T));
+    row.backend = std::string(to_string(runner.plan(T))) + (runner.plan_bf16_copy(T) ? " (bf16 copy)" : "");
     const std::vector<uint16_t> out = run_once(in, c, runner, gpu);
 
     const std::vector<int64_t> rows = sample_rows(T, seed);

@@ -73,7 +73,8 @@ Shape from_named(const testkit::NamedShape& n) {
 const std::set<std::string> kValueFlags = {
     "--model", "--hidden", "--intermediate", "--experts", "--topk", "--activation", "--swiglu-alpha",
     "--swiglu-beta", "--swiglu-limit", "--tokens", "--format", "--mode", "--backend", "--device", "--seed",
-    "--out-dir", "--run-name", "--iters", "--warmup", "--sets", "--threads", "--ep", "--ep-strategy"};
+    "--out-dir", "--run-name", "--iters", "--warmup", "--sets", "--threads", "--ep", "--ep-strategy",
+    "--prefill-bf16-gib", "--prefill-bf16-min-rows"};
 const std::set<std::string> kBoolFlags = {"--bias", "--no-peer", "--help"};
 
 // Which flags each subcommand accepts.
@@ -87,6 +88,16 @@ bool accepts(const std::string& command, const std::string& flag) {
 }
 
 }  // namespace
+
+RunnerOptions runner_options(const Args& args, Backend backend, int64_t tokens) {
+  RunnerOptions o;
+  o.max_tokens = tokens;
+  o.backend = backend;
+  o.cpu_threads = args.threads;
+  o.prefill_bf16_bytes = args.prefill_bf16_bytes;
+  o.prefill_bf16_min_rows = args.prefill_bf16_min_rows;
+  return o;
+}
 
 const std::vector<int64_t>& protocol_tokens() {
   static const std::vector<int64_t> t = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 16384};
@@ -123,6 +134,10 @@ std::string usage() {
         "  --device cpu|cuda    default: cuda when a GPU is present, else cpu\n"
         "  --seed N             random data (check default 1; bench default fresh, printed in the command)\n"
         "  --threads N          host threads for generation and the reference (default all)\n"
+        "  --prefill-bf16-gib G device memory for dynamic's bf16 weight copy (RunnerOptions::\n"
+        "                       prefill_bf16_bytes; default 0: none); calls with at least\n"
+        "  --prefill-bf16-min-rows N   routes per expert (T·K / E, default 512) dequantise once into it;\n"
+        "                       their rows read \"dynamic (bf16 copy)\"\n"
         "\n"
         "bench only:\n"
         "  --out-dir DIR        where <run-name>.jsonl and <run-name>.md go (default bench/results)\n"
@@ -276,6 +291,13 @@ Args parse_args(int argc, char** argv) {
     });
     if (!ok) bad("--run-name", a.run_name, "use letters, digits, '-', '_' and '.' only");
   }
+  if (has("--prefill-bf16-gib")) {
+    const float gib = parse_float("--prefill-bf16-gib", v["--prefill-bf16-gib"]);
+    if (!(gib >= 0.0f && gib <= 1024.0f)) bad("--prefill-bf16-gib", v["--prefill-bf16-gib"], "must be in [0, 1024]");
+    a.prefill_bf16_bytes = static_cast<int64_t>(static_cast<double>(gib) * (int64_t{1} << 30));
+  }
+  if (has("--prefill-bf16-min-rows"))
+    a.prefill_bf16_min_rows = parse_int("--prefill-bf16-min-rows", v["--prefill-bf16-min-rows"], 1, int64_t{1} << 40);
   if (has("--iters")) a.iters = static_cast<int>(parse_int("--iters", v["--iters"], 1, 100000));
   if (has("--warmup")) a.warmup = static_cast<int>(parse_int("--warmup", v["--warmup"], 0, 100000));
   if (has("--sets")) a.sets = static_cast<int>(parse_int("--sets", v["--sets"], 1, 64));

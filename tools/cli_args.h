@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fp4moe/config.h"
+#include "fp4moe/runner.h"
 
 namespace fp4moe::cli {
 
@@ -44,11 +45,17 @@ struct Args {
   int iters = 0, warmup = -1;          // 0 / -1: the device's default
   int sets = 4;                        // GPU bench: input sets rotated between calls
   int threads = 0;                     // host threads (generation, reference); 0 = all
+  int64_t prefill_bf16_bytes = 0;      // --prefill-bf16-gib: RunnerOptions::prefill_bf16_bytes
+  int64_t prefill_bf16_min_rows = RunnerOptions{}.prefill_bf16_min_rows;
   bool peer = true;                    // GPU bench: time the cuBLAS bf16 peer
   int ep = 0;                          // bench --ep N: expert parallel over N local GPUs (ep_bench.cpp)
   std::string ep_strategy = "both";    // --ep-strategy: allgather, alltoall, auto or both
   std::vector<std::string> argv;       // as given, for the reproducing command line
 };
+
+// The runner options of one point of check or bench: `backend`, a workspace for T tokens, and the
+// flags that map onto RunnerOptions.
+RunnerOptions runner_options(const Args& args, Backend backend, int64_t tokens);
 
 // Parses argv; throws UsageError. `--help` anywhere sets command = "help".
 Args parse_args(int argc, char** argv);

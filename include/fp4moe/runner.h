@@ -22,6 +22,16 @@ struct RunnerOptions {
   Backend backend = Backend::kAuto;
   bool deterministic = false;      // bit-identical output from run to run
   int cpu_threads = 0;             // reference backend: 0 = all hardware threads
+  // Large prefill on the dynamic backend: device bytes the runner may hold for a bf16 copy of the
+  // expert weights (0: none). Calls with at least prefill_bf16_min_rows routes per expert (T·K / E)
+  // then dequantise each touched expert's weights once per call into it, groups of experts at a
+  // time, and multiply on plain bf16 tensor-core GEMMs; other calls dequantise per m-tile of 128
+  // rows, which costs less memory and more time from a few hundred rows per expert on. Results are
+  // the same up to fp32 summation order (the bf16 values are exact either way). A budget above 0
+  // must hold at least one expert's larger GEMM (InvalidArgument otherwise); the runner reserves
+  // no more than all local experts need, and nothing when max_tokens never reaches the line.
+  int64_t prefill_bf16_bytes = 0;
+  int64_t prefill_bf16_min_rows = 512;
 };
 
 // Owns prepared weights, a workspace sized for max_tokens and the per-T plan. run() allocates
@@ -44,6 +54,8 @@ class MoeRunner {
 
   // The backend a call with num_tokens tokens runs on (after validation of num_tokens).
   Backend plan(int64_t num_tokens) const;
+  // Whether that call dequantises the weights once into the bf16 copy (RunnerOptions::prefill_bf16_bytes).
+  bool plan_bf16_copy(int64_t num_tokens) const;
   const MoeConfig& config() const;
   const RunnerOptions& options() const;
   int device() const;

@@ -183,11 +183,27 @@ def test_extension_exports_only_its_entry_point():
     assert _exported_symbols(_ext.__file__) == {"PyInit__ext"}
 
 
+def host_prepared(c, p):
+    return _ext.prepare(c, p["w13_packed"], p["w13_scales"], "linear", p.get("w13_global_scale"), p["w2_packed"],
+                        p["w2_scales"], "linear", p.get("w2_global_scale"), "up_gate", p.get("fc1_input_scale"),
+                        p.get("fc2_input_scale"), p.get("b13"), p.get("b2"), -1)
+
+
 def test_host_prepared_weights_hold_no_device_bytes():
     c = make_config(fmt="nvfp4", mode="a4", act="silu")
     p = problem(c)
-    pw = _ext.prepare(c, p["w13_packed"], p["w13_scales"], "linear", p.get("w13_global_scale"), p["w2_packed"],
-                      p["w2_scales"], "linear", p.get("w2_global_scale"), "up_gate", p.get("fc1_input_scale"),
-                      p.get("fc2_input_scale"), p.get("b13"), p.get("b2"), -1)
+    pw = host_prepared(c, p)
     assert pw.device == -1
     assert pw.device_bytes == 0
+
+
+def test_prefill_bf16_options_are_validated_by_name():
+    c = make_config(fmt="nvfp4", mode="a4", act="silu")
+    p = problem(c)
+    pw = host_prepared(c, p)
+    with pytest.raises(fp4moe.InvalidArgument, match="prefill_bf16_bytes"):
+        _ext.Runner(c, pw, max_tokens=8, prefill_bf16_bytes=-1)
+    with pytest.raises(fp4moe.InvalidArgument, match="prefill_bf16_min_rows"):
+        _ext.Runner(c, pw, max_tokens=8, prefill_bf16_min_rows=0)
+    r = _ext.Runner(c, pw, max_tokens=8, prefill_bf16_bytes=1 << 30, prefill_bf16_min_rows=1)
+    assert r.plan(8) == "reference" and not r.plan_bf16_copy(8)  # host weights: no GPU path, no copy

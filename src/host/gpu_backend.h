@@ -34,6 +34,8 @@ class Runner {
   // Whether `backend` can run T tokens of this config; `why` says why not.
   virtual bool supports(Backend backend, int64_t num_tokens, std::string* why) const = 0;
   virtual size_t workspace_bytes() const = 0;
+  // Whether `backend` running T tokens dequantises the weights once into the bf16 copy.
+  virtual bool uses_bf16_copy(Backend backend, int64_t num_tokens) const = 0;
 };
 
 std::unique_ptr<Runner> make_runner(const MoeConfig& config, std::shared_ptr<const DeviceWeights> weights,

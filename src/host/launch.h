@@ -32,7 +32,8 @@ struct RunArgs {
 struct GenericWorkspace {
   GenericWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens);
   size_t bytes() const;
-  DeviceBuffer route_row, row_route, row_expert, expert_offset, tile_expert, tile_row0, num_tiles, a1, a2, y;
+  DeviceBuffer route_row, row_route, row_expert, expert_offset, expert_tile_offset, tile_expert, tile_row0, num_tiles, a1,
+      a2, y;
   int64_t tile_capacity = 0;  // entries of tile_expert / tile_row0 (enough for tile_m >= generic's BM)
 };
 void launch_generic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a);
@@ -47,13 +48,18 @@ kernels::MoeGemmParams moe_gemm_params(const MoeConfig& c, const DeviceWeights& 
                                        const RunArgs& a, bool fc1);
 
 // ---- dynamic: the generic path with wgmma GEMMs (prefill; kernels/dynamic.cuh) ---------------------
-// Uses the GenericWorkspace's buffers (a runner runs one call at a time on its stream); owns only
-// the device facts its launches need.
+// Uses the GenericWorkspace's buffers (a runner runs one call at a time on its stream); owns the
+// device facts its launches need and, when reserved, the bf16 path's weight copy.
 struct DynamicWorkspace {
   explicit DynamicWorkspace(int device);
-  size_t bytes() const { return 0; }
+  size_t bytes() const { return w_bf16.bytes(); }
   int sms = 0;              // persistent grid size
   std::string unsupported;  // why this device cannot run the kernels (empty: it can)
+  // The bf16 path (kernels/dynamic_bf16.cuh): room for one GEMM's bf16 weights of bf16_group
+  // experts, taken by calls with at least bf16_min_rows routes per expert (T·K / E). 0: never.
+  DeviceBuffer w_bf16;
+  int bf16_group = 0;
+  int64_t bf16_min_rows = 0;
 };
 bool dynamic_supports(const DynamicWorkspace& ws, std::string* why);
 void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& gws, DynamicWorkspace& ws,
@@ -63,6 +69,28 @@ void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace
 // that a pipeline wait which timed out fills (kernels/common/mbarrier.cuh says with what).
 void launch_dynamic_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, bool fc1, int64_t max_tiles,
                          int* watchdog, cudaStream_t stream);
+// Weight n-tiles per m-tile of dynamic's GEMMs (both paths).
+int dynamic_n_tiles(const kernels::MoeGemmParams& p, bool fc1);
+
+// The bf16 path (launch_dynamic_bf16.cu). Bytes of one expert's bf16 copy for the larger GEMM.
+int64_t dynamic_bf16_expert_bytes(const MoeConfig& c, const DeviceWeights& w);
+// Reserves the copy for as many whole local experts as `budget` bytes hold; InvalidArgument naming
+// options.prefill_bf16_bytes when it holds none. min_rows: routes per expert from which calls take it.
+void reserve_dynamic_bf16(DynamicWorkspace& ws, const MoeConfig& c, const DeviceWeights& w, int64_t budget,
+                          int64_t min_rows);
+bool dynamic_uses_bf16(const MoeConfig& c, const DynamicWorkspace& ws, int64_t tokens);
+// Shared memory of the bf16 GEMM, and its once-per-device opt-in (DynamicWorkspace's constructor).
+size_t dynamic_bf16_smem_bytes();
+void dynamic_bf16_opt_in();
+// Everything between the routing/gather and the combine on the bf16 path: per group of experts,
+// dequantise FC1's weights, FC1, dequantise FC2's, FC2.
+void launch_dynamic_bf16_groups(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& gws,
+                                DynamicWorkspace& ws, const RunArgs& a, int64_t max_tiles);
+// One GEMM on the bf16 path for the kernel-level tests: p names the group (expert_base,
+// expert_count, w_bf16 of at least expert_count experts) and its tile schedule (expert_tile_offset
+// included); dequantises, then multiplies.
+void launch_dynamic_bf16_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, bool fc1,
+                              int64_t max_tiles, int* watchdog, cudaStream_t stream);
 
 // ---- direct_micro: one cooperative launch for decode ---------------------------------------------
 struct DirectMicroWorkspace {

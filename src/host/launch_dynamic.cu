@@ -21,17 +21,10 @@ int64_t max_tiles(int64_t routes, int experts) {
   return (routes + dk::BM - 1) / dk::BM + std::min<int64_t>(experts, routes);
 }
 
-// Weight n-tiles per m-tile: a gated FC1 tile holds BN/2 up and BN/2 gate rows (i_pad % 64 == 0);
-// otherwise BN rows, the last tile partial where w_rows (i_pad or h_pad, multiples of 64) is not a
-// multiple of BN.
-int n_tiles_of(const kernels::MoeGemmParams& p, bool fc1) {
-  return fc1 && p.gated ? p.i_pad / (dk::BN / 2) : (p.w_rows + dk::BN - 1) / dk::BN;
-}
-
 template <bool kFc1>
 void launch_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, int64_t tiles, int* watchdog,
                  cudaStream_t s) {
-  const int n_tiles = n_tiles_of(p, kFc1);
+  const int n_tiles = dynamic_n_tiles(p, kFc1);
   const int64_t work = tiles * n_tiles;
   if (work == 0) return;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(ws.sms, work));
@@ -41,6 +34,12 @@ void launch_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, in
 
 }  // namespace
 
+// A gated FC1 tile holds BN/2 up and BN/2 gate rows (i_pad % 64 == 0); otherwise BN rows, the last
+// tile partial where w_rows (i_pad or h_pad, multiples of 64) is not a multiple of BN.
+int dynamic_n_tiles(const kernels::MoeGemmParams& p, bool fc1) {
+  return fc1 && p.gated ? p.i_pad / (dk::BN / 2) : (p.w_rows + dk::BN - 1) / dk::BN;
+}
+
 DynamicWorkspace::DynamicWorkspace(int device) {
   FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   int major = 0, optin = 0;
@@ -49,10 +48,12 @@ DynamicWorkspace::DynamicWorkspace(int device) {
   if (major != 9) {
     unsupported = "needs an sm_90 (Hopper) GPU for wgmma, device " + std::to_string(device) + " is sm_" +
                   std::to_string(major) + "x";
-  } else if (static_cast<size_t>(optin) < kSmemBytes) {
-    unsupported = "needs " + std::to_string(kSmemBytes) + " bytes of shared memory per CTA, device " +
-                  std::to_string(device) + " allows " + std::to_string(optin);
+  } else if (static_cast<size_t>(optin) < std::max(kSmemBytes, dynamic_bf16_smem_bytes())) {
+    unsupported = "needs " + std::to_string(std::max(kSmemBytes, dynamic_bf16_smem_bytes())) +
+                  " bytes of shared memory per CTA, device " + std::to_string(device) + " allows " +
+                  std::to_string(optin);
   } else {
+    dynamic_bf16_opt_in();
     // Above 48 KB a kernel must opt in, once per device (the caller has made `device` current).
     FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(dk::gemm_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(kSmemBytes)));
@@ -81,8 +82,12 @@ void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace
   const int64_t tiles = max_tiles(a.tokens * c.top_k, c.local_count());
   launch_route(c, gws, a, dk::BM);
   launch_gather_quantize(c, w, gws, a);
-  launch_gemm<true>(ws, moe_gemm_params(c, w, gws, a, true), tiles, nullptr, a.stream);
-  launch_gemm<false>(ws, moe_gemm_params(c, w, gws, a, false), tiles, nullptr, a.stream);
+  if (dynamic_uses_bf16(c, ws, a.tokens)) {
+    launch_dynamic_bf16_groups(c, w, gws, ws, a, tiles);
+  } else {
+    launch_gemm<true>(ws, moe_gemm_params(c, w, gws, a, true), tiles, nullptr, a.stream);
+    launch_gemm<false>(ws, moe_gemm_params(c, w, gws, a, false), tiles, nullptr, a.stream);
+  }
   launch_combine(c, gws, a);
 }
 

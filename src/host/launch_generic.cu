@@ -27,6 +27,7 @@ GenericWorkspace::GenericWorkspace(const MoeConfig& c, const DeviceWeights& w, i
   row_route = DeviceBuffer(R * sizeof(int), "workspace.row_route");
   row_expert = DeviceBuffer(R * sizeof(int), "workspace.row_expert");
   expert_offset = DeviceBuffer((EL + 1) * sizeof(int), "workspace.expert_offset");
+  expert_tile_offset = DeviceBuffer((EL + 1) * sizeof(int), "workspace.expert_tile_offset");
   tile_expert = DeviceBuffer(tiles * sizeof(int), "workspace.tile_expert");
   tile_row0 = DeviceBuffer(tiles * sizeof(int), "workspace.tile_row0");
   tile_capacity = tiles;
@@ -38,7 +39,7 @@ GenericWorkspace::GenericWorkspace(const MoeConfig& c, const DeviceWeights& w, i
 
 size_t GenericWorkspace::bytes() const {
   size_t s = 0;
-  for (const DeviceBuffer* b : {&route_row, &row_route, &row_expert, &expert_offset, &tile_expert, &tile_row0,
+  for (const DeviceBuffer* b : {&route_row, &row_route, &row_expert, &expert_offset, &expert_tile_offset, &tile_expert, &tile_row0,
                                 &num_tiles, &a1, &a2, &y})
     s += b->bytes();
   return s;
@@ -51,7 +52,7 @@ void launch_route(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, in
                  "the workspace's tile list holds ", ws.tile_capacity, " entries (sized for m-tiles of ", gk::BM,
                  " rows), asked for m-tiles of ", tile_m);
   kernels::RoutingParams rp{a.ids, a.ids_type == IndexType::kInt64, R, c.local_expert_first, EL, tile_m,
-                            ws.expert_offset.get<int>(), ws.route_row.get<int>(), ws.row_route.get<int>(),
+                            ws.expert_offset.get<int>(), ws.expert_tile_offset.get<int>(), ws.route_row.get<int>(), ws.row_route.get<int>(),
                             ws.row_expert.get<int>(), ws.tile_expert.get<int>(), ws.tile_row0.get<int>(),
                             ws.num_tiles.get<int>()};
   kernels::route_kernel<<<1, kernels::kRouteThreads, 0, a.stream>>>(rp);

@@ -72,6 +72,10 @@ MoeRunner::MoeRunner(const MoeConfig& config, PreparedWeights weights, const Run
                  options.max_tokens);
   FP4MOE_REQUIRE(options.cpu_threads >= 0, InvalidArgument, "options.cpu_threads", "must be >= 0, got ",
                  options.cpu_threads);
+  FP4MOE_REQUIRE(options.prefill_bf16_bytes >= 0, InvalidArgument, "options.prefill_bf16_bytes",
+                 "must be >= 0 (0: no bf16 copy), got ", options.prefill_bf16_bytes);
+  FP4MOE_REQUIRE(options.prefill_bf16_min_rows >= 1, InvalidArgument, "options.prefill_bf16_min_rows",
+                 "must be at least 1, got ", options.prefill_bf16_min_rows);
   check_capacity(config, options.max_tokens);
   impl_->config = config;
   impl_->weights = std::move(weights);
@@ -107,6 +111,11 @@ Backend MoeRunner::plan(int64_t T) const {
                  to_string(impl_->options.backend), " cannot run num_tokens=", T, " of ", impl_->config.to_string(),
                  ": ", why);
   return impl_->options.backend;
+}
+
+bool MoeRunner::plan_bf16_copy(int64_t T) const {
+  const Backend b = plan(T);
+  return impl_->gpu && impl_->gpu->uses_bf16_copy(b, T);
 }
 
 void MoeRunner::run(const void* x, const void* ids, IndexType ids_type, const float* w, void* out, int64_t T,

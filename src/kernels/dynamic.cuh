@@ -85,14 +85,74 @@ __device__ __forceinline__ void copy_a(const MoeGemmParams& p, __nv_bfloat16* ti
 struct TileInfo {
   int y, e, row0, valid;
 };
-__device__ __forceinline__ TileInfo tile_info(const MoeGemmParams& p, int w, int n_tiles) {
-  const int tile = w / n_tiles;
+// n-tile y of m-tile `tile` of the routing's list.
+__device__ __forceinline__ TileInfo tile_at(const MoeGemmParams& p, int tile, int y) {
   TileInfo ti;
-  ti.y = w % n_tiles;
+  ti.y = y;
   ti.e = p.tile_expert[tile];
   ti.row0 = p.tile_row0[tile];
   ti.valid = min(BM, p.expert_offset[ti.e + 1] - ti.row0);
   return ti;
+}
+__device__ __forceinline__ TileInfo tile_info(const MoeGemmParams& p, int w, int n_tiles) {
+  return tile_at(p, w / n_tiles, w % n_tiles);
+}
+
+// The end of a tile, shared by both GEMM kernels: consumer warpgroup c's accumulators (weight rows
+// [64c, 64c + 64) × BM routed rows) → alpha·acc + bias staged transposed in `stage` (routed row ×
+// tile column, kLdc floats per row) → the FC1 or FC2 epilogue over both consumers (named barrier
+// 1 over their 256 threads; t: this thread in its warpgroup, ct: among both).
+template <bool kFc1>
+__device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileInfo& ti, const float (&acc)[64],
+                                            float* stage, int c, int t, int ct) {
+  // acc element i is D[weight row 64c + acc_row][routed row acc_col] (wgmma_layout.h).
+  const float alpha = p.alpha[ti.e];
+  float bias[2] = {0.0f, 0.0f};  // this thread's two weight rows: acc_row(t, i) for (i / 2) % 2 = 0, 1
+  if (p.bias) {
+    const float* be = p.bias + static_cast<int64_t>(ti.e) * p.w_rows;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int v = 64 * c + wgmma::acc_row(t, 2 * h);
+      if (weight_row_valid<BN>(p, kFc1, ti.y, v)) bias[h] = be[weight_row<BN>(p, kFc1, ti.y, v)];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int v = 64 * c + wgmma::acc_row(t, i), n = wgmma::acc_col(t, i);
+    stage[n * kLdc + v] = alpha * acc[i] + bias[(i >> 1) & 1];
+  }
+  ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
+  const int rows = min(BM, ti.valid);
+  if constexpr (kFc1) fc1_store_rows<BN>(p, stage, kLdc, rows, ti.row0, ti.e, ti.y, ct, kConsumers * kWarpgroup);
+  else fc2_store_rows<BN>(p, stage, kLdc, rows, ti.row0, ti.y, ct, kConsumers * kWarpgroup);
+  ptx::named_barrier_sync(1, kConsumers * kWarpgroup);  // staging is reused by the next tile
+}
+
+// Thread 0, before the CTA's first __syncthreads: the stages' barriers ("full" completes a phase
+// after full_arrivals arrivals, "empty" after both consumers'), the watchdog flag, and a fence that
+// makes the initialisations visible to the async proxy (bulk copies completing on "full").
+__device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, unsigned full_arrivals, int* aborted) {
+  for (int s = 0; s < kStages; ++s) {
+    ptx::mbar_init(&full[s], full_arrivals);
+    ptx::mbar_init(&empty[s], kWarpgroup * kConsumers);
+  }
+  *aborted = 0;
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// The producer's hand-over, one step late: once stage it's copies are issued, this thread's copies
+// of stage it - 1 have landed → fenced for the async proxy → "full". The last stage after the loop.
+__device__ __forceinline__ void hand_over(uint64_t* full, uint32_t it) {
+  if (it == 0) return;
+  ptx::cp_async_wait<1>();        // this thread's copies of stage it - 1 have landed
+  ptx::fence_proxy_async_smem();  // its generic-proxy writes → visible to wgmma (async proxy)
+  ptx::mbar_arrive(&full[(it - 1) % kStages]);
+}
+__device__ __forceinline__ void hand_over_last(uint64_t* full, uint32_t it) {
+  if (it == 0) return;
+  ptx::cp_async_wait<0>();
+  ptx::fence_proxy_async_smem();
+  ptx::mbar_arrive(&full[(it - 1) % kStages]);
 }
 
 // Producer warpgroup. Stage `it` is signalled "full" one step late, after the copies of stage it + 1
@@ -109,18 +169,10 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem& sm, int n_
       const int s = it % kStages;
       ptx::mbar_wait(&sm.empty[s], ((it / kStages) & 1) ^ 1, wd, kWaitEmpty, it);
       copy_a(p, sm.a[s], ti.row0, ti.valid, kt, t);
-      if (it > 0) {
-        ptx::cp_async_wait<1>();        // this thread's copies of stage it - 1 have landed
-        ptx::fence_proxy_async_smem();  // its generic-proxy writes → visible to wgmma (async proxy)
-        ptx::mbar_arrive(&sm.full[(it - 1) % kStages]);
-      }
+      hand_over(sm.full, it);
     }
   }
-  if (it > 0) {
-    ptx::cp_async_wait<0>();
-    ptx::fence_proxy_async_smem();
-    ptx::mbar_arrive(&sm.full[(it - 1) % kStages]);
-  }
+  hand_over_last(sm.full, it);
 }
 
 // One k-tile of this lane's weight stream: its 16 bytes of codes and the scale words of rows g, g+8.
@@ -200,28 +252,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
     ptx::fence_operand(acc);
     ptx::mbar_arrive(&sm.empty[(it - 1) % kStages]);
 
-    // Stage alpha·acc + bias transposed: acc element i is D[weight row 64c + acc_row][routed row
-    // acc_col] (wgmma_layout.h), staged at c[routed row][tile column].
-    const float alpha = p.alpha[ti.e];
-    float bias[2] = {0.0f, 0.0f};  // this thread's two weight rows: acc_row(t, i) for (i / 2) % 2 = 0, 1
-    if (p.bias) {
-      const float* be = p.bias + static_cast<int64_t>(ti.e) * p.w_rows;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int v = 64 * c + wgmma::acc_row(t, 2 * h);
-        if (weight_row_valid<BN>(p, kFc1, ti.y, v)) bias[h] = be[weight_row<BN>(p, kFc1, ti.y, v)];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const int v = 64 * c + wgmma::acc_row(t, i), n = wgmma::acc_col(t, i);
-      sm.c[n * kLdc + v] = alpha * acc[i] + bias[(i >> 1) & 1];
-    }
-    ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
-    const int rows = min(BM, ti.valid);
-    if constexpr (kFc1) fc1_store_rows<BN>(p, sm.c, kLdc, rows, ti.row0, ti.e, ti.y, ct, kConsumers * kWarpgroup);
-    else fc2_store_rows<BN>(p, sm.c, kLdc, rows, ti.row0, ti.y, ct, kConsumers * kWarpgroup);
-    ptx::named_barrier_sync(1, kConsumers * kWarpgroup);  // staging is reused by the next tile
+    finish_tile<kFc1>(p, ti, acc, sm.c, c, t, ct);
   }
 }
 
@@ -232,13 +263,7 @@ template <bool kFc1>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(MoeGemmParams p, int n_tiles, int* watchdog) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbar_init(&sm.full[s], kWarpgroup);
-      ptx::mbar_init(&sm.empty[s], kWarpgroup * kConsumers);
-    }
-    sm.aborted = 0;
-  }
+  if (threadIdx.x == 0) init_pipeline(sm.full, sm.empty, kWarpgroup, &sm.aborted);
   fill_frag_tables(sm.tables, p.nvfp4, threadIdx.x >> 5, kThreads / 32);
   __syncthreads();
   const ptx::Watchdog wd{&sm.aborted, watchdog};

@@ -306,6 +306,18 @@ TEST_F(RunFixture, ForcedGpuBackendOnHostWeights) {
   }
 }
 
+TEST_F(RunFixture, PrefillBf16Options) {
+  RunnerOptions o;
+  o.max_tokens = T, o.prefill_bf16_bytes = -1;
+  EXPECT_ERROR(InvalidArgument, MoeRunner(c, w, o), "options.prefill_bf16_bytes", "-1");
+  o.prefill_bf16_bytes = 0, o.prefill_bf16_min_rows = 0;
+  EXPECT_ERROR(InvalidArgument, MoeRunner(c, w, o), "options.prefill_bf16_min_rows", "0");
+  o.prefill_bf16_bytes = int64_t{1} << 30, o.prefill_bf16_min_rows = 1;
+  const MoeRunner r(c, w, o);  // host weights: the reference backend, never a copy
+  EXPECT_FALSE(r.plan_bf16_copy(T));
+  EXPECT_EQ(r.workspace_bytes(), 0u);
+}
+
 TEST_F(RunFixture, WeightsPreparedForAnotherConfig) {
   const auto other = [&](auto edit) {
     MoeConfig o = c;

@@ -32,6 +32,13 @@ inline bool device_is_sm90() {
   return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major == 9;
 }
 
+// Tests of wgmma kernels (dynamic): skipped with the reason off sm_90.
+#define REQUIRE_SM90()                                                                             \
+  do {                                                                                             \
+    REQUIRE_GPU();                                                                                 \
+    if (!fp4moe::testgpu::device_is_sm90()) GTEST_SKIP() << "wgmma needs an sm_90 GPU: skipped"; \
+  } while (0)
+
 // A typed device array; copies in and out with checked calls (throwing, so usable in helpers).
 template <typename T>
 class DeviceArray {

@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -36,6 +37,7 @@
 #include "kernels/common/wgmma.cuh"
 #include "kernels/common/wgmma_layout.h"
 #include "kernels/dynamic.cuh"
+#include "kernels/dynamic_bf16.cuh"
 #include "testing/problem.h"
 
 namespace fp4moe {
@@ -45,12 +47,6 @@ using testgpu::DeviceArray;
 namespace wg = kernels::wgmma;
 
 using testgpu::device_is_sm90;
-
-#define REQUIRE_SM90()                                                             \
-  do {                                                                             \
-    REQUIRE_GPU();                                                                 \
-    if (!device_is_sm90()) GTEST_SKIP() << "wgmma needs an sm_90 GPU: skipped"; \
-  } while (0)
 
 // ---- layer 1: one wgmma k-loop in one warpgroup ---------------------------------------------------
 
@@ -205,14 +201,17 @@ std::string describe(const GemmCase& g) {
   return s.str();
 }
 
-void run_gemm_case(const GemmCase& g, uint64_t seed) {
+// bf16_group > 0: the bf16 path (dynamic_bf16.cuh), experts dequantised and multiplied bf16_group
+// at a time through one copy buffer, the way launch_dynamic_bf16_groups runs them.
+void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0) {
   const int E = static_cast<int>(g.rows_per_expert.size()), N = g.n, K = g.k, bs = g.nvfp4 ? 16 : 32;
   const int BM = kernels::dynamic::BM;
   std::mt19937_64 rng(seed);
   // Routing schedule as the pre-pass builds it with tile_m = BM.
-  std::vector<int> offset(E + 1, 0), tile_expert, tile_row0, row_expert;
+  std::vector<int> offset(E + 1, 0), tile_offset(E + 1, 0), tile_expert, tile_row0, row_expert;
   for (int e = 0; e < E; ++e) {
     offset[e + 1] = offset[e] + g.rows_per_expert[e];
+    tile_offset[e + 1] = tile_offset[e] + (g.rows_per_expert[e] + BM - 1) / BM;
     for (int r = offset[e]; r < offset[e + 1]; r += BM) tile_expert.push_back(e), tile_row0.push_back(r);
     for (int r = offset[e]; r < offset[e + 1]; ++r) row_expert.push_back(e);
   }
@@ -267,7 +266,22 @@ void run_gemm_case(const GemmCase& g, uint64_t seed) {
   gpu::DynamicWorkspace ws(0);
   ASSERT_TRUE(ws.unsupported.empty()) << ws.unsupported;
   ws.sms = std::min(ws.sms, 7);  // fewer CTAs than work items: each CTA loops over several tiles
-  gpu::launch_dynamic_gemm(ws, p, /*fc1=*/false, tiles, d_watchdog.get(), nullptr);
+  DeviceArray<int> d_tile_offset(tile_offset);
+  p.expert_tile_offset = d_tile_offset.get();
+  const int64_t slot_elems = kernels::dynamic_bf16::tiles_per_slot((N + 127) / 128, K) * kernels::dynamic_bf16::kWTileElems;
+  DeviceArray<uint16_t> d_bf16(bf16_group > 0 ? bf16_group * slot_elems : 0);
+  if (bf16_group == 0) {
+    gpu::launch_dynamic_gemm(ws, p, /*fc1=*/false, tiles, d_watchdog.get(), nullptr);
+  } else {
+    const uint16_t nan_bf16 = 0x7FC1;  // a stale copy would show as NaN in Y
+    d_bf16.fill_bytes(&nan_bf16, 2);
+    p.w_bf16 = reinterpret_cast<__nv_bfloat16*>(d_bf16.get());
+    for (int e0 = 0; e0 < E; e0 += bf16_group) {
+      p.expert_base = e0;
+      p.expert_count = std::min(bf16_group, E - e0);
+      gpu::launch_dynamic_bf16_gemm(ws, p, /*fc1=*/false, tiles, d_watchdog.get(), nullptr);
+    }
+  }
   GPU_CHECK(cudaDeviceSynchronize());
   const auto wd = d_watchdog.download();
   ASSERT_EQ(wd[0], 0) << describe(g) << ": pipeline watchdog fired: block " << wd[1] << " thread " << wd[2]
@@ -334,6 +348,25 @@ TEST(GpuDynamicGemm, MatchesCpuGemmOfDequantisedWeights) {
     SCOPED_TRACE(describe(g));
     run_gemm_case(g, seed++);
   }
+}
+
+// The bf16 path: the same cases, dequantised once into a copy (all experts at once, and two at a
+// time through a smaller copy), then multiplied with both operands in shared memory.
+TEST(GpuDynamicGemm, Bf16PathMatchesCpuGemmOfDequantisedWeights) {
+  REQUIRE_SM90();
+  const std::vector<GemmCase> cases = {
+      {true, {1}, 128, 64},
+      {false, {65}, 192, 320},
+      {true, {0, 130, 0, 127, 300}, 256, 704},
+      {false, {128, 129, 3}, 2880, 256},
+      {true, {200, 17, 1100}, 128, 2880},  // 9 m-tiles of one expert: more than a band of 8
+  };
+  uint64_t seed = 200;
+  for (const GemmCase& g : cases)
+    for (int group : {static_cast<int>(g.rows_per_expert.size()), 2}) {
+      SCOPED_TRACE(describe(g) + " bf16 groups of " + std::to_string(group));
+      run_gemm_case(g, seed++, group);
+    }
 }
 
 }  // namespace

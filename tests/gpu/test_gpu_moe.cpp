@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -92,6 +93,8 @@ std::vector<unsigned char> run_on_gpu(const Problem& p, RunnerOptions o = {}, In
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
   o.max_tokens = std::max(o.max_tokens, p.tokens);
   MoeRunner r(c, w, o);
+  EXPECT_EQ(r.plan_bf16_copy(p.tokens), o.prefill_bf16_bytes > 0 && o.backend == Backend::kDynamic)
+      << "the call was meant to take the bf16 copy exactly when the test gives it one";
   DeviceInputs in(p);
   const size_t esz = c.output_dtype == OutputDType::kBF16 ? 2 : 4;
   DeviceArray<unsigned char> out(p.tokens * c.hidden * esz);
@@ -103,17 +106,31 @@ std::vector<unsigned char> run_on_gpu(const Problem& p, RunnerOptions o = {}, In
   return out.download();
 }
 
-// Runs the problem on every GPU backend that can take it (and on kAuto), each against the reference.
+// A budget that holds every local expert's bf16 copy, taken from one routed row per expert on: the
+// bf16 path on every call that reaches the line.
+RunnerOptions with_bf16_copy(RunnerOptions o) {
+  o.prefill_bf16_bytes = int64_t{1} << 40;
+  o.prefill_bf16_min_rows = 1;
+  return o;
+}
+
+// Runs the problem on every GPU backend that can take it (and on kAuto), each against the reference;
+// dynamic also on its bf16 path (once per call dequantisation) when T·K reaches one row per expert.
 void expect_matches_reference(const ProblemSpec& spec, RunnerOptions o = {}, IndexType it = IndexType::kInt32) {
   const Problem p = testkit::make_problem(spec);
-  for (Backend b : {Backend::kAuto, Backend::kGeneric, Backend::kDirectMicro, Backend::kDynamic}) {
+  const bool bf16_reachable = spec.tokens * spec.config.top_k >= spec.config.num_experts && device_is_sm90();
+  for (int variant = 0; variant < 5; ++variant) {
+    const Backend b = variant < 4 ? std::array{Backend::kAuto, Backend::kGeneric, Backend::kDirectMicro,
+                                               Backend::kDynamic}[variant]
+                                  : Backend::kDynamic;
     if (b == Backend::kDirectMicro && spec.tokens * spec.config.top_k > 512) continue;  // past its capacity
-    RunnerOptions ob = o;
+    if (variant == 4 && !bf16_reachable) continue;
+    RunnerOptions ob = variant == 4 ? with_bf16_copy(o) : o;
     ob.backend = b;
     const auto out = run_on_gpu(p, ob, it);
     const auto acc = check_against_reference(p, out.data(), testkit::default_tolerance(spec.config));
-    EXPECT_TRUE(acc.pass) << spec.config.to_string() << " T=" << spec.tokens << " backend " << to_string(b) << ": "
-                          << acc.summary();
+    EXPECT_TRUE(acc.pass) << spec.config.to_string() << " T=" << spec.tokens << " backend " << to_string(b)
+                          << (variant == 4 ? " (bf16 copy)" : "") << ": " << acc.summary();
   }
 }
 
@@ -355,6 +372,46 @@ TEST(GpuDynamic, DeterministicInAGraphAndPickedByAutoAboveDirectMicro) {
   MoeRunner r(c, w, {.max_tokens = 500, .backend = Backend::kDynamic});
   EXPECT_EQ(r.plan(500), Backend::kDynamic);
   expect_graph_replays_deterministic(p, r, 5);
+}
+
+// The bf16 path with the copy holding 3 of 8 experts: groups of 3, 3, 2 in one call, against the
+// reference, replayed in a graph; the line between the paths on one runner; budgets refused by name.
+TEST(GpuDynamic, Bf16PathMatchesReferenceAndReplays) {
+  REQUIRE_SM90();
+  const MoeConfig c = make_config(8, 512, 256, 4, WeightFormat::kNVFP4, ActMode::kA4, Activation::kSilu, true);
+  // One expert's larger GEMM in bf16 tiles of 128 × 64: FC1 (2 · 256 rows × 512 k) = 512 KiB.
+  constexpr int64_t kPerExpert = 2 * 256 * 512 * 2;
+  const Problem big = testkit::make_problem({c, 300, 71});  // 150 routes per expert
+  Problem small = testkit::make_problem({c, 20, 72});       // 10 per expert: the register path
+  small.checkpoint = big.checkpoint;
+  PreparedWeights w = prepare_weights(c, big.checkpoint.view(), {.device = 0});
+  RunnerOptions o{.max_tokens = 300, .backend = Backend::kDynamic};
+  const size_t without = MoeRunner(c, w, o).workspace_bytes();
+  o.prefill_bf16_bytes = 3 * kPerExpert + kPerExpert / 2;
+  o.prefill_bf16_min_rows = 64;
+  MoeRunner r(c, w, o);
+  EXPECT_EQ(r.workspace_bytes() - without, static_cast<size_t>(3 * kPerExpert)) << "three whole experts";
+  EXPECT_TRUE(r.plan_bf16_copy(300));
+  EXPECT_TRUE(r.plan_bf16_copy(128));   // 64 per expert: on the line
+  EXPECT_FALSE(r.plan_bf16_copy(127));
+  EXPECT_FALSE(r.plan_bf16_copy(20));
+  for (const Problem* p : {&big, static_cast<const Problem*>(&small), &big}) expect_run_matches_reference(r, *p);
+  expect_graph_replays_deterministic(big, r, 3);
+  // kAuto keeps direct_micro for decode and takes the copy for prefill.
+  MoeRunner autor(c, w, {.max_tokens = 300, .prefill_bf16_bytes = 8 * kPerExpert, .prefill_bf16_min_rows = 64});
+  EXPECT_EQ(autor.plan(1), Backend::kDirectMicro);
+  EXPECT_FALSE(autor.plan_bf16_copy(1));
+  EXPECT_EQ(autor.plan(300), Backend::kDynamic);
+  EXPECT_TRUE(autor.plan_bf16_copy(300));
+  // A budget below one expert, and negative values, are refused by name.
+  try {
+    MoeRunner(c, w, {.max_tokens = 300, .backend = Backend::kDynamic, .prefill_bf16_bytes = kPerExpert - 1});
+    ADD_FAILURE() << "a budget below one expert was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("options.prefill_bf16_bytes"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(MoeRunner(c, w, {.prefill_bf16_bytes = -1}), InvalidArgument);
+  EXPECT_THROW(MoeRunner(c, w, {.prefill_bf16_min_rows = 0}), InvalidArgument);
 }
 
 // ---- the runner: graphs, streams, determinism ------------------------------------------------------

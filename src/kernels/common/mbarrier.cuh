@@ -25,6 +25,15 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
                : "memory");
 }
 
+// This thread's arrival, and `bytes` more transaction bytes that the phase waits for (bulk copies
+// that complete_tx on this barrier, ptx::bulk_copy_g2s). Issue it before the copies it announces.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(
+                   smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
 // One bounded wait (the hardware may suspend the thread for a while); true once the phase of
 // parity `parity` has completed.
 __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {

@@ -27,6 +27,12 @@ struct MoeGemmParams {
   const int* tile_row0;
   const int* num_tiles;
   const int* expert_offset;
+  // dynamic's bf16 path (dynamic_bf16.cuh) runs one group of experts [expert_base, expert_base +
+  // expert_count) at a time, their weights dequantised into w_bf16; the group's m-tiles are
+  // [expert_tile_offset[expert_base], expert_tile_offset[expert_base + expert_count]) of the list.
+  const int* expert_tile_offset;
+  int expert_base, expert_count;
+  __nv_bfloat16* w_bf16;
   const float* alpha;           // [E_local]
   const float* bias;            // [E_local][w_rows] or null
   // FC1 epilogue

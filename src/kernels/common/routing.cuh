@@ -3,7 +3,8 @@
 // One CTA of kRouteThreads threads (E_local ≤ 1024 counters live in shared memory):
 //   1. histogram of routes per local expert (ids outside [first, first + E_local) — −1, ids of other
 //      ranks, ids ≥ E — are skipped and never used to index anything);
-//   2. exclusive scans of the counts (row offsets) and of ceil(count / tile_m) (tile offsets);
+//   2. exclusive scans of the counts (row offsets) and of ceil(count / tile_m) (tile offsets: expert e's
+//      m-tiles are [expert_tile_offset[e], expert_tile_offset[e + 1]) of the list);
 //   3. the tile list: tile i covers rows [tile_row0[i], min(tile_row0[i] + tile_m, end of expert));
 //   4. placement: each route gets a row; route_row[t·K + j] = row (−1 if not routed).
 // Row order inside an expert depends on atomics, but no result does: every row is computed
@@ -25,6 +26,7 @@ struct RoutingParams {
   int tile_m;
   // outputs (workspace)
   int* expert_offset;   // [experts + 1]
+  int* expert_tile_offset;  // [experts + 1] first m-tile of each expert in the tile list; [experts] = total
   int* route_row;       // [routes]
   int* row_route;       // [routes] route index t·K + j of each row
   int* row_expert;      // [routes] local expert of each row
@@ -61,6 +63,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RoutingParams p) {
   Scan(scan_storage).ExclusiveSum(tiles, tile0, total_tiles);
   if (tid < p.experts) {
     p.expert_offset[tid] = row0;
+    p.expert_tile_offset[tid] = tile0;
     for (int m = 0; m < tiles; ++m) {
       p.tile_expert[tile0 + m] = tid;
       p.tile_row0[tile0 + m] = row0 + m * p.tile_m;
@@ -68,6 +71,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RoutingParams p) {
   }
   if (tid == 0) {
     p.expert_offset[p.experts] = total_rows;
+    p.expert_tile_offset[p.experts] = total_tiles;
     *p.num_tiles = total_tiles;
   }
   __syncthreads();

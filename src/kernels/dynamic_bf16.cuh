@@ -1,0 +1,212 @@
+// dynamic's bf16 path for large prefill: dequantise each touched expert's weights once per call,
+// then run a plain bf16 grouped GEMM over them.
+//
+// Why: the register path (dynamic.cuh) dequantises every weight once per m-tile of 128 routed rows.
+// Its cost is the dequantisation count (bench/results/NOTES.md, session 5: ~0.78 G weights per ms
+// for the whole GPU), so at 4096 rows per expert (mixtral-8x7b T = 16384) each weight is
+// dequantised 32 times. Here each weight is dequantised once per call, and the GEMM's consumers do
+// nothing but wgmma. The numbers are the same: bf16 holds code × scale exactly, and both paths
+// accumulate the same products in fp32 (results equal up to summation order).
+//
+//   dequant_kernel   one warp per (expert slot, n-tile, k-tile, 16-row group): the lane's 16 bytes of
+//                    fragment-order codes (device_weights.h) and its scale bytes → code × scale in bf16,
+//                    written to the bf16 copy. Experts without routed rows are skipped.
+//   gemm_kernel      as dynamic's (3 warpgroups, persistent, the same tile list and epilogues), but
+//                    both wgmma operands come from shared memory: per stage the producer moves the
+//                    n-tile's 128 × 64 weight tile with one bulk copy (TMA engine, no tensor map: the
+//                    copy already holds the shared-memory image) and the activation tile with
+//                    cp.async, as dynamic does.
+//
+// The bf16 copy, per group of experts: tile (slot, y, kt) of BN weight rows (the n-tile's virtual
+// rows, moe_gemm.cuh weight_row: a gated FC1 tile is 64 up rows then their 64 gate rows) × BK k, in
+// wgmma's K-major no-swizzle layout (wgmma_layout.h), 16 KB each, tiles in (slot, y, kt) order.
+// Rows past w_rows are zeros.
+//
+// Work order: bands of kBand m-tiles × all n-tiles, m-tile fastest inside a band. The CTAs in
+// flight then share weight tiles (read from HBM about once per band) while the band's activations
+// stay in L2.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cstdint>
+
+#include "kernels/common/dequant.cuh"
+#include "kernels/common/frag_dequant.cuh"
+#include "kernels/dynamic.cuh"
+
+namespace fp4moe::kernels::dynamic_bf16 {
+
+using dynamic::BK;
+using dynamic::BM;
+using dynamic::BN;
+using dynamic::kConsumers;
+using dynamic::kLdc;
+using dynamic::kStages;
+using dynamic::kThreads;
+using dynamic::kWarpgroup;
+using dynamic::TileInfo;
+
+inline constexpr int kBand = 8;                        // m-tiles per band of the work order
+inline constexpr int kWTileElems = BN * BK;            // bf16 per weight tile
+inline constexpr uint32_t kWTileBytes = kWTileElems * 2;  // 16 KB: one bulk copy per stage
+inline constexpr int kDequantThreads = 256;
+
+// Weight tiles per expert slot of one GEMM, and the copy's element offset of tile (slot, y, kt).
+FP4MOE_HD int64_t tiles_per_slot(int n_tiles, int k_pad) { return static_cast<int64_t>(n_tiles) * (k_pad / BK); }
+FP4MOE_HD int64_t wtile_offset(int slot, int y, int kt, int n_tiles, int k_pad) {
+  return ((static_cast<int64_t>(slot) * n_tiles + y) * (k_pad / BK) + kt) * kWTileElems;
+}
+
+// ---- the dequantisation pre-pass --------------------------------------------------------------------
+// One warp per unit u = ((slot · n_tiles + y) · ktiles + kt) · 8 + q: the 16 weight rows 16q.. of
+// tile (slot, y, kt). Lane (g, c) = (lane / 4, lane % 4) holds, for k16 step t, the codes of rows
+// g, g + 8 at k 16t + 2c, +1 and 16t + 8 + 2c, +1 (frag_dequant.cuh); each of its four 4-byte
+// stores per step lands in one 128-byte core matrix with the warp's other 31.
+template <bool kFc1>
+__global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams p, int n_tiles) {
+  __shared__ E2m1x2Table e2m1;
+  fill_e2m1x2_table(e2m1);
+  __syncthreads();
+  const int lane = threadIdx.x & 31, g = lane >> 2, cq = lane & 3;
+  const int ktiles = p.k_pad / BK, sb = 64 / p.block, row_tiles = p.w_rows / 16;
+  const int64_t units = static_cast<int64_t>(p.expert_count) * n_tiles * ktiles * 8;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kDequantThreads / 32);
+  for (int64_t u = blockIdx.x * (kDequantThreads / 32) + (threadIdx.x >> 5); u < units; u += warps) {
+    const int q = static_cast<int>(u & 7);
+    const int64_t tile = u >> 3;
+    const int kt = static_cast<int>(tile % ktiles);
+    const int y = static_cast<int>((tile / ktiles) % n_tiles);
+    const int slot = static_cast<int>(tile / (static_cast<int64_t>(ktiles) * n_tiles));
+    const int e = p.expert_base + slot;
+    if (p.expert_offset[e + 1] == p.expert_offset[e]) continue;  // no routed rows: never read
+    const int v0 = 16 * q;
+    const bool ok = weight_row_valid<BN>(p, kFc1, y, v0);  // w_rows % 16 == 0: all 16 rows or none
+    uint4 codes = make_uint4(0, 0, 0, 0);
+    uint32_t slo = 0, shi = 0;
+    if (ok) {
+      const int64_t ftile = (static_cast<int64_t>(e) * row_tiles + weight_row<BN>(p, kFc1, y, v0) / 16) * ktiles + kt;
+      codes = __ldg(p.w_frag + ftile * 32 + lane);
+      frag_scales(p.s_frag + ftile * 16 * sb, sb, slo, shi);
+    }
+    unsigned char* dst = reinterpret_cast<unsigned char*>(p.w_bf16 + wtile_offset(slot, y, kt, n_tiles, p.k_pad));
+    const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int j = sb == 4 ? t : t >> 1;  // the scale byte of k16 step t (NVFP4: one per 16 k; MX: per 32)
+      const __nv_bfloat162 s_lo = scale_bf16x2(static_cast<uint8_t>(slo >> (8 * j)), p.nvfp4);
+      const __nv_bfloat162 s_hi = scale_bf16x2(static_cast<uint8_t>(shi >> (8 * j)), p.nvfp4);
+      const uint32_t s2[4] = {*reinterpret_cast<const uint32_t*>(&s_lo), *reinterpret_cast<const uint32_t*>(&s_hi),
+                              *reinterpret_cast<const uint32_t*>(&s_lo), *reinterpret_cast<const uint32_t*>(&s_hi)};
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {  // register r: row g + 8·(r & 1), k 16t + 8·(r >> 1) + 2c
+        const uint32_t v = ok ? hmul2_bf16_bits(e2m1.v[(words[t] >> (8 * r)) & 0xFF], s2[r]) : 0u;
+        const int row = v0 + g + 8 * (r & 1), k = 16 * t + 8 * (r >> 1) + 2 * cq;
+        *reinterpret_cast<uint32_t*>(dst + wgmma::kmajor_offset(BN, row, k)) = v;
+      }
+    }
+  }
+}
+
+// ---- the GEMM ---------------------------------------------------------------------------------------
+struct Smem {
+  __nv_bfloat16 a[kStages][BM * BK];   // activation tiles (cp.async, generic proxy, fenced)
+  __nv_bfloat16 w[kStages][BN * BK];   // weight tiles (bulk copies, async proxy)
+  float c[BM * kLdc];                  // epilogue staging (dynamic::finish_tile)
+  uint64_t full[kStages];              // 128 producer arrivals + 1 with the bulk copy's bytes
+  uint64_t empty[kStages];             // 256 consumer arrivals
+  int aborted;                         // watchdog (mbarrier.cuh)
+};
+
+// Work item w of the group → (m-tile, n-tile): bands of kBand m-tiles, the m-tile fastest inside a
+// band (the file comment says why); tile_begin / tiles: the group's m-tiles in the routing's list.
+__device__ __forceinline__ TileInfo band_item(const MoeGemmParams& p, int w, int n_tiles, int tile_begin, int tiles) {
+  const int band0 = w / (kBand * n_tiles) * kBand;
+  const int size = min(kBand, tiles - band0);
+  const int r = w - band0 * n_tiles;
+  return dynamic::tile_at(p, tile_begin + band0 + r % size, r / size);
+}
+
+template <bool kFc1>
+__device__ __forceinline__ void produce(const MoeGemmParams& p, Smem& sm, int n_tiles, int tile_begin, int tiles,
+                                        const ptx::Watchdog& wd) {
+  const int t = threadIdx.x;  // 0..127
+  const int ktiles = p.k_pad / BK, work = tiles * n_tiles;
+  uint32_t it = 0;
+  for (int w = blockIdx.x; w < work; w += gridDim.x) {
+    const TileInfo ti = band_item(p, w, n_tiles, tile_begin, tiles);
+    const __nv_bfloat16* wsrc = p.w_bf16 + wtile_offset(ti.e - p.expert_base, ti.y, 0, n_tiles, p.k_pad);
+    for (int kt = 0; kt < ktiles; ++kt, ++it) {
+      const int s = it % kStages;
+      ptx::mbar_wait(&sm.empty[s], ((it / kStages) & 1) ^ 1, wd, dynamic::kWaitEmpty, it);
+      if (t == 0) {  // announce the bytes before the copy that completes them
+        ptx::mbar_arrive_expect_tx(&sm.full[s], kWTileBytes);
+        ptx::bulk_copy_g2s(sm.w[s], wsrc + static_cast<int64_t>(kt) * kWTileElems, kWTileBytes, &sm.full[s]);
+      }
+      dynamic::copy_a(p, sm.a[s], ti.row0, ti.valid, kt, t);
+      dynamic::hand_over(sm.full, it);
+    }
+  }
+  dynamic::hand_over_last(sm.full, it);
+}
+
+// Consumer warpgroup c: weight rows [64c, 64c + 64) of the stage's weight tile × its BM activation
+// rows, 4 × wgmma m64n128k16 per stage with both operands in shared memory.
+template <bool kFc1>
+__device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_tiles, int tile_begin, int tiles,
+                                        const ptx::Watchdog& wd) {
+  const int c = threadIdx.x / kWarpgroup - 1;
+  const int t = threadIdx.x % kWarpgroup;
+  const int ct = threadIdx.x - kWarpgroup;
+  const int ktiles = p.k_pad / BK, work = tiles * n_tiles;
+  const uint32_t a_base = ptx::smem_addr(sm.a[0]), w_base = ptx::smem_addr(sm.w[0]);
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
+  uint32_t it = 0;
+  for (int w = blockIdx.x; w < work; w += gridDim.x) {
+    const TileInfo ti = band_item(p, w, n_tiles, tile_begin, tiles);
+    for (int kt = 0; kt < ktiles; ++kt, ++it) {
+      const int s = it % kStages;
+      ptx::mbar_wait(&sm.full[s], (it / kStages) & 1, wd, dynamic::kWaitFull, it);
+      ptx::fence_operand(acc);
+      ptx::wgmma_fence();
+      const uint32_t a_tile = a_base + s * wgmma::tile_bytes(BM), w_tile = w_base + s * kWTileBytes;
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        ptx::mma_m64n128k16_bf16(acc, wgmma::operand_desc(w_tile, BN, 64 * c, ks),
+                                 wgmma::operand_desc(a_tile, BM, 0, ks), (kt | ks) != 0);
+      ptx::wgmma_commit();
+      ptx::fence_operand(acc);
+      ptx::wgmma_wait<1>();  // stage it - 1's group is done: its tiles are free
+      ptx::fence_operand(acc);
+      if (kt > 0) ptx::mbar_arrive(&sm.empty[(it - 1) % kStages]);
+    }
+    ptx::wgmma_wait<0>();
+    ptx::fence_operand(acc);
+    ptx::mbar_arrive(&sm.empty[(it - 1) % kStages]);
+    dynamic::finish_tile<kFc1>(p, ti, acc, sm.c, c, t, ct);
+  }
+}
+
+// n_tiles as dynamic's; the group (expert_base, expert_count, w_bf16) in p; watchdog as dynamic's.
+template <bool kFc1>
+__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(MoeGemmParams p, int n_tiles, int* watchdog) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  if (threadIdx.x == 0) dynamic::init_pipeline(sm.full, sm.empty, kWarpgroup + 1, &sm.aborted);  // + the bulk copy's
+  __syncthreads();
+  const ptx::Watchdog wd{&sm.aborted, watchdog};
+  const int tile_begin = p.expert_tile_offset[p.expert_base];
+  const int tiles = p.expert_tile_offset[p.expert_base + p.expert_count] - tile_begin;
+  // The producer only computes addresses; the consumers hold 64 accumulators:
+  // 128·40 + 256·232 = 64512 ≤ 65536.
+  if (threadIdx.x < kWarpgroup) {
+    ptx::setmaxnreg_dec<40>();
+    produce<kFc1>(p, sm, n_tiles, tile_begin, tiles, wd);
+  } else {
+    ptx::setmaxnreg_inc<232>();
+    consume<kFc1>(p, sm, n_tiles, tile_begin, tiles, wd);
+  }
+}
+
+}  // namespace fp4moe::kernels::dynamic_bf16
