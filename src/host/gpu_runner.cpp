@@ -11,9 +11,11 @@ namespace {
 
 // kAuto, from the crossover sweep bench/results/h200-crossover-20261202.md (five named shapes,
 // T = 8…512, direct_micro / dynamic / generic forced, same inputs):
-//  - direct_micro up to T·K = 512 routes (its capacity) while the mean touched expert has at most
-//    kDirectMicroMaxRoutesPerExpert routes (T·K over at most min(E_local, T·K) touched experts): it
-//    streams each expert's weights once per 8–16 routes, so its cost grows with routes per expert.
+//  - direct_micro up to T·K = 512 routes (its bf16 variant's capacity; the f16 variant, NVFP4-a4,
+//    takes 1024 when forced, but no sweep has covered 513…1024 yet) while the mean touched expert
+//    has at most kDirectMicroMaxRoutesPerExpert routes (T·K over at most min(E_local, T·K) touched
+//    experts): it streams each expert's weights once per 8–16 routes, so its cost grows with routes
+//    per expert.
 //    Within that rule it won 24 of the sweep's 25 points by 1.17–3.3× and lost one (llama4-scout
 //    T = 512, 7 %); mixtral-8x7b T = 256 (64 per expert) goes to dynamic, 1.4× faster there.
 //  - dynamic above that on sm_90 (wgmma): faster than generic at 34 of the sweep's 35 points (up to
@@ -35,8 +37,11 @@ class GpuRunner final : public Runner {
     // direct_micro's workspace only where a call can reach it: forced, or picked by kAuto.
     const bool dm_reachable =
         o.backend == Backend::kDirectMicro || (o.backend == Backend::kAuto && kDirectMicroMaxRoutes > 0);
+    // Sized for the routes a call can bring: the variant's capacity when forced, else kAuto's line.
     if (dm_reachable && direct_micro_supports(c, 1, nullptr))
-      dm_ = std::make_unique<DirectMicroWorkspace>(c, *w_, o.max_tokens);
+      dm_ = o.backend == Backend::kDirectMicro
+                ? std::make_unique<DirectMicroWorkspace>(c, *w_, o.max_tokens)
+                : std::make_unique<DirectMicroWorkspace>(c, *w_, o.max_tokens, kDirectMicroMaxRoutes);
     // dynamic (prefill, wgmma) has no buffers of its own (generic's routing, gather and combine
     // buffers serve it); its workspace records whether the device can run it.
     if (o.backend == Backend::kDynamic || o.backend == Backend::kAuto) dyn_ = std::make_unique<DynamicWorkspace>(device_);

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "fp4moe/config.h"
@@ -94,7 +95,10 @@ void launch_dynamic_bf16_gemm(const DynamicWorkspace& ws, const kernels::MoeGemm
 
 // ---- direct_micro: one cooperative launch for decode ---------------------------------------------
 struct DirectMicroWorkspace {
-  DirectMicroWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens);
+  // Holds min(max_tokens · K, the config's variant capacity, route_limit) routes: route_limit is the
+  // most a runner's dispatch can send here (kAuto's line; by default none, as when direct_micro is forced).
+  DirectMicroWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens,
+                       int64_t route_limit = std::numeric_limits<int64_t>::max());
   size_t bytes() const;
   int max_routes = 0;  // routes (T·K) this workspace holds
   int grid = 0;        // co-resident CTAs of the compiled kernel on this device
@@ -107,6 +111,8 @@ struct DirectMicroWorkspace {
 inline constexpr int kDirectMicroTraceStamps = 7;
 inline constexpr int kDirectMicroTraceSums = 4;
 inline constexpr int kDirectMicroTraceSlots = kDirectMicroTraceStamps + kDirectMicroTraceSums + 3;
+// Whether direct_micro takes T = tokens: T·K within the capacity of the variant the config uses
+// (f16 for NVFP4 weights with a4 activations: 1024 routes; bf16 otherwise: 512) and E_local ≤ 1024.
 bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why);
 void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicroWorkspace& ws, const RunArgs& a);
 

@@ -13,18 +13,6 @@ namespace fp4moe::gpu {
 namespace dm = kernels::direct_micro;
 static_assert(kDirectMicroTraceStamps == dm::kTraceStamps && kDirectMicroTraceSlots == dm::kTraceSlots);
 
-bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why) {
-  if (tokens * c.top_k > dm::kMaxRoutes) {
-    if (why) *why = detail::concat("T·K = ", tokens * c.top_k, " routes is past direct_micro's ", dm::kMaxRoutes);
-    return false;
-  }
-  if (c.local_count() > dm::kMaxExperts) {
-    if (why) *why = detail::concat("E_local = ", c.local_count(), " is past direct_micro's ", dm::kMaxExperts);
-    return false;
-  }
-  return true;
-}
-
 namespace {
 // The compiled variants: kG route groups of 8 per pass over a weight tile, and kF16 for NVFP4
 // weights with NVFP4 activations (a4). kG = 1 keeps twice the weight loads in flight per warp (the
@@ -38,6 +26,11 @@ bool wide_groups(const MoeConfig& c, int64_t tokens) {
 bool f16_path(const MoeConfig& c) {
   return kernels::quant_kind(c.format, c.mode) == kernels::QuantKind::kNvfp4;
 }
+// T·K the config's variant accepts (direct_micro.cuh kMaxRoutes).
+int route_capacity(const MoeConfig& c) { return f16_path(c) ? dm::kMaxRoutes<true> : dm::kMaxRoutes<false>; }
+const char* variant_name(const MoeConfig& c) {
+  return f16_path(c) ? "f16 variant (NVFP4 weights, a4)" : "bf16 variant (lookup tables)";
+}
 size_t smem_bytes(bool f16) { return f16 ? dm::kSmemBytes<true> : dm::kSmemBytes<false>; }
 void* kernel_for(bool wide, bool f16) {
   if (f16)
@@ -48,8 +41,24 @@ void* kernel_for(bool wide, bool f16) {
 }
 }  // namespace
 
-DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens) {
-  max_routes = static_cast<int>(std::min<int64_t>(max_tokens * c.top_k, dm::kMaxRoutes));
+bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why) {
+  if (tokens * c.top_k > route_capacity(c)) {
+    if (why)
+      *why = detail::concat("T·K = ", tokens, "·", c.top_k, " = ", tokens * c.top_k, " routes is past the ",
+                            route_capacity(c), " that direct_micro's ", variant_name(c), " takes");
+    return false;
+  }
+  if (c.local_count() > dm::kMaxExperts) {
+    if (why) *why = detail::concat("E_local = ", c.local_count(), " is past direct_micro's ", dm::kMaxExperts);
+    return false;
+  }
+  return true;
+}
+
+DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens,
+                                           int64_t route_limit) {
+  max_routes = static_cast<int>(
+      std::min({max_tokens * c.top_k, static_cast<int64_t>(route_capacity(c)), route_limit}));
   // Row max_routes of a1 and a2 is the zero row that idle lanes of a route group read.
   a1 = DeviceBuffer(static_cast<size_t>(max_routes + 1) * w.h_pad * 2, "workspace.dm_a1");
   a2 = DeviceBuffer(static_cast<size_t>(max_routes + 1) * w.i_pad * 2, "workspace.dm_a2");
@@ -89,6 +98,10 @@ size_t DirectMicroWorkspace::bytes() const {
 }
 
 void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicroWorkspace& ws, const RunArgs& a) {
+  // The runner checks T·K against the variant's capacity (direct_micro_supports); the workspace may
+  // hold fewer routes (a kAuto runner's reaches only kAuto's line).
+  FP4MOE_REQUIRE(a.tokens * c.top_k <= ws.max_routes, CapacityError, "num_tokens", "T·K = ", a.tokens * c.top_k,
+                 " routes is past the ", ws.max_routes, " that this runner's direct_micro workspace holds");
   dm::Params p{};
   p.x = static_cast<const __nv_bfloat16*>(a.x);
   p.ids = a.ids;

@@ -47,11 +47,18 @@ namespace fp4moe::kernels::direct_micro {
 
 inline constexpr int kThreads = 256, kWarps = kThreads / 32;
 inline constexpr int kBlocksPerSm = 2;   // two co-resident CTAs: 16 warps per SM in flight
-inline constexpr int kMaxRoutes = 512;   // T·K this kernel accepts (shared-memory route lists)
 inline constexpr int kMaxExperts = 1024; // E_local
 inline constexpr int kMaxGroups = 2;     // route groups of 8 per pass (template kG ≤ this)
-inline constexpr int kFc2Slots = 512;    // (k-chunk, route) rows of FC2 sums a CTA holds
 inline constexpr int kMaxFc2Parts = 4;   // CTAs that share one FC2 item's experts (fc2_parts)
+// T·K each variant accepts: its shared-memory route lists and FC2 sums grow with it (SmemT). The f16
+// path has no lookup tables, so 1024 routes still leave two CTAs per SM; the bf16 path's 40 KB of
+// tables do not (1024 routes there: ~150 KB, one CTA per SM).
+inline constexpr int kMaxRoutesF16 = 1024;
+inline constexpr int kMaxRoutesBf16 = 512;
+template <bool kF16>
+inline constexpr int kMaxRoutes = kF16 ? kMaxRoutesF16 : kMaxRoutesBf16;
+// sm_90's shared memory (H100, H200): 228 KB per SM, of which the hardware reserves 1 KB per CTA.
+inline constexpr size_t kSmemPerSm = 228 * 1024, kSmemReservedPerCta = 1024;
 
 struct Params {
   // inputs
@@ -101,17 +108,24 @@ inline constexpr int kTraceSlots = kTraceStamps + kTraceSums + kTraceWhere;
 // f16 path (kF16) needs none and its launch leaves them out (40 KB less per CTA).
 using Tables = FragTables;
 
-struct alignas(16) Smem {
+// A CTA's shared memory for calls of up to kR routes. Touched experts are at most
+// min(routes, E_local), so the per-slot arrays hold kSlots of them.
+template <int kR>
+struct alignas(16) SmemT {
+  static constexpr int kSlots = kR < kMaxExperts ? kR : kMaxExperts;
+  // (k-chunk, route) rows of FC2 sums: fc2_chunks keeps KC · routes ≤ this, one chunk per route at
+  // kR routes.
+  static constexpr int kFc2Slots = kR;
   int count[kMaxExperts];      // routes per local expert, then the expert's slot in `touched`
   int cursor[kMaxExperts];     // next free place in the route list, per slot
   int touched[kMaxExperts];    // local experts with routes, ascending
   int start[kMaxExperts + 1];  // their route-list offsets
-  int list[kMaxRoutes];        // route indices grouped by expert
+  int list[kR];                // route indices grouped by expert
   int num_touched;
   // Staged once in setup so no later phase waits on a dependent global load (ids → expert → scale):
-  int route_slot[kMaxRoutes];  // route r's expert slot in `touched`, or -1 (id outside the local range)
-  float route_w[kMaxRoutes];   // its router weight
-  float alpha1[kMaxRoutes], alpha2[kMaxRoutes], g1[kMaxRoutes], g2[kMaxRoutes];  // per touched slot
+  int route_slot[kR];          // route r's expert slot in `touched`, or -1 (id outside the local range)
+  float route_w[kR];           // its router weight
+  float alpha1[kSlots], alpha2[kSlots], g1[kSlots], g2[kSlots];  // per touched slot
   union {
     struct {
       float part[kWarps][8 * kMaxGroups][64];  // FC1 per-warp partial sums [warp][route in pass][up 0..31, gate 32..63]
@@ -119,13 +133,27 @@ struct alignas(16) Smem {
     float fc2[kFc2Slots][16];                  // FC2 sums [k-chunk · routes + r][column]
   } u;
 };
-static_assert(sizeof(Smem) % 16 == 0, "Tables follow Smem: 16-byte aligned for the per-lane lookups");
 template <bool kF16>
-inline constexpr size_t kSmemBytes = sizeof(Smem) + (kF16 ? 0 : sizeof(Tables));
-__device__ __forceinline__ Tables& tables(const Smem& sm) {
+using Smem = SmemT<kMaxRoutes<kF16>>;
+// Dynamic shared memory of a variant's launch.
+template <bool kF16>
+inline constexpr size_t kSmemBytes = sizeof(Smem<kF16>) + (kF16 ? 0 : sizeof(Tables));
+template <int kR>
+__device__ __forceinline__ Tables& tables(const SmemT<kR>& sm) {
   auto* base = const_cast<unsigned char*>(reinterpret_cast<const unsigned char*>(&sm));
-  return *reinterpret_cast<Tables*>(base + sizeof(Smem));
+  return *reinterpret_cast<Tables*>(base + sizeof(sm));
 }
+
+// build_routing's block scan: the kernel's only static shared memory.
+using RoutingScan = cub::BlockScan<int, kThreads>;
+// Per CTA: dynamic + static shared memory + the hardware's reserved KB; kBlocksPerSm of them must fit
+// an SM, or the launch's occupancy check finds fewer co-resident CTAs and the grid shrinks.
+template <bool kF16>
+inline constexpr size_t kSmemPerCta = kSmemBytes<kF16> + sizeof(RoutingScan::TempStorage) + kSmemReservedPerCta;
+static_assert(sizeof(Smem<true>) % 16 == 0 && sizeof(Smem<false>) % 16 == 0,
+              "Tables follow Smem: 16-byte aligned for the per-lane lookups");
+static_assert(kBlocksPerSm * kSmemPerCta<true> <= kSmemPerSm, "f16 variant: kBlocksPerSm CTAs no longer fit an SM");
+static_assert(kBlocksPerSm * kSmemPerCta<false> <= kSmemPerSm, "bf16 variant: kBlocksPerSm CTAs no longer fit an SM");
 
 __device__ __forceinline__ int local_expert(const Params& p, int r) {
   const int64_t id = p.ids_int64 ? static_cast<const int64_t*>(p.ids)[r] : static_cast<const int32_t*>(p.ids)[r];
@@ -163,8 +191,9 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* ptr) {  // read once: sk
 }
 
 // Routing into shared memory; identical in every CTA.
-__device__ void build_routing(const Params& p, Smem& sm) {
-  using Scan = cub::BlockScan<int, kThreads>;
+template <int kR>
+__device__ void build_routing(const Params& p, SmemT<kR>& sm) {
+  using Scan = RoutingScan;
   constexpr int kPer = kMaxExperts / kThreads;
   __shared__ typename Scan::TempStorage scan;
   const int tid = threadIdx.x;
@@ -241,7 +270,7 @@ __device__ __forceinline__ void quantize_cols(const Params& p, int r, int cb, fl
 // routed rows. w[s]/sc[s]: the first k-tile's code and scale pointers of stream s; brow[q]: this
 // lane's B row of group q. acc[s][q]: m16n8 accumulators.
 template <int kS, int kU, int kG, bool kF16>
-__device__ __forceinline__ void stream_gemm(const Params& p, const Smem& sm, const uint4* const (&w)[kS],
+__device__ __forceinline__ void stream_gemm(const Params& p, const Smem<kF16>& sm, const uint4* const (&w)[kS],
                                             const uint8_t* const (&sc)[kS], int KT,
                                             const __nv_bfloat16* const (&brow)[kG], float (&acc)[kS][kG][4]) {
   const int lane = threadIdx.x & 31, c = lane & 3;
@@ -295,8 +324,8 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem& sm, con
 
 // This lane's B row for each route group of the pass starting at list position `base`: the row of
 // route list[base + 8q + g], or the zero row past the expert's routes.
-template <int kG>
-__device__ __forceinline__ void group_rows(const Params& p, const Smem& sm, const __nv_bfloat16* buf, int ld,
+template <int kG, int kR>
+__device__ __forceinline__ void group_rows(const Params& p, const SmemT<kR>& sm, const __nv_bfloat16* buf, int ld,
                                            int base, int end, const __nv_bfloat16* (&brow)[kG]) {
   const int g = (threadIdx.x & 31) >> 2;
 #pragma unroll
@@ -310,7 +339,7 @@ __device__ __forceinline__ void group_rows(const Params& p, const Smem& sm, cons
 // tiles (up 2cb, 2cb+1; gate the same past i_pad); relu2: two. Warp w reduces k-tiles
 // [w·per, (w+1)·per) of H; the CTA adds the 8 partial sums in warp order.
 template <int kG, bool kGated, bool kF16>
-__device__ void fc1_item(const Params& p, Smem& sm, int u, int cb) {
+__device__ void fc1_item(const Params& p, Smem<kF16>& sm, int u, int cb) {
   constexpr int kS = kGated ? 4 : 2, kU = kG == 1 ? 2 : 1, kRoutes = 8 * kG;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int e = sm.touched[u];
@@ -381,16 +410,18 @@ __device__ void fc1_item(const Params& p, Smem& sm, int u, int cb) {
 }
 
 // FC2 k-chunks per touched expert: enough (expert, chunk) units for every warp of a CTA, none
-// empty, and their sums fit the CTA's kFc2Slots rows.
-__device__ __forceinline__ int fc2_chunks(int touched, int KT, int routes) {
-  const int fit = kFc2Slots / max(routes, 1);
+// empty, and their sums fit the CTA's `slots` rows (SmemT::kFc2Slots): KC · routes ≤ slots, since
+// routes ≤ slots (the launch's capacity check) makes fit ≥ 1 and k_chunk_count never exceeds it.
+__device__ __forceinline__ int fc2_chunks(int touched, int KT, int routes, int slots) {
+  const int fit = slots / max(routes, 1);
   return k_chunk_count(touched, KT, kWarps, min(fit, kWarps));
 }
 
 // Route r's FC2 result in column col of the current item: its k-chunk sums added in kc order. The
 // part that computed them and part 0 (when the item is split) both read it through here, so a split
 // item sums exactly like an unsplit one.
-__device__ __forceinline__ float route_sum(const Smem& sm, int routes, int KC, int r, int col) {
+template <int kR>
+__device__ __forceinline__ float route_sum(const SmemT<kR>& sm, int routes, int KC, int r, int col) {
   float d = 0.f;
   for (int kc = 0; kc < KC; ++kc) d += sm.u.fc2[kc * routes + r][col];
   return d;
@@ -402,7 +433,7 @@ __device__ __forceinline__ float route_sum(const Smem& sm, int routes, int KC, i
 // routes' sums through fc2_scratch. The sum of a route (Σ over kc in order) and the top-k sum are
 // the same arithmetic however the item is split.
 template <int kG, bool kF16>
-__device__ void fc2_item(const Params& p, Smem& sm, int rt, int part, int KC) {
+__device__ void fc2_item(const Params& p, Smem<kF16>& sm, int rt, int part, int KC) {
   constexpr int kU = kG == 1 ? 4 : 2, kRoutes = 8 * kG;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   unsigned long long t0 = p.trace != nullptr ? now_ns() : 0;
@@ -484,7 +515,7 @@ __device__ void fc2_item(const Params& p, Smem& sm, int rt, int part, int KC) {
 template <int kG, bool kF16>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  Smem<kF16>& sm = *reinterpret_cast<Smem<kF16>*>(smem_raw);
   stamp(p, 0);
   if (p.trace != nullptr) {
     unsigned smid;
@@ -523,7 +554,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   stamp(p, 5);
 
   // Phase 2: FC2 + top-k sum per 16 output columns.
-  const int KC2 = fc2_chunks(nt, p.i_pad / 64, p.routes);
+  const int KC2 = fc2_chunks(nt, p.i_pad / 64, p.routes, Smem<kF16>::kFc2Slots);
   const int items2 = p.h_pad / 16 * p.fc2_parts;
   where(p, 2, static_cast<int>(blockIdx.x) < items2 ? (items2 - 1 - blockIdx.x) / gridDim.x + 1 : 0);
   for (int item = blockIdx.x; item < items2; item += gridDim.x)

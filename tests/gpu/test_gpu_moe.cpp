@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "cpu/expect_error.h"
 #include "fp4moe/fp4moe.h"
 #include "gpu/gpu_util.h"
 #include "reference/reference.h"
@@ -34,6 +35,14 @@ MoeConfig make_config(int E, int H, int I, int K, WeightFormat f = WeightFormat:
   c.format = f, c.mode = m, c.activation = a, c.has_bias = bias;
   if (a == Activation::kSwigluOai) c.swiglu = {1.702f, 1.0f, 7.0f};
   return c;
+}
+
+// T·K that forced direct_micro takes, as its documentation states it (direct_micro.cuh
+// kMaxRoutesF16 / kMaxRoutesBf16): 1024 routes on the f16 variant (NVFP4 weights, a4 activations),
+// 512 on the bf16 one. Written out here rather than read from the library, so a changed capacity fails
+// the tests that pin it.
+int64_t direct_micro_capacity(const MoeConfig& c) {
+  return c.format == WeightFormat::kNVFP4 && c.mode == ActMode::kA4 ? 1024 : 512;
 }
 
 // Inputs of a problem on the device.
@@ -123,7 +132,8 @@ void expect_matches_reference(const ProblemSpec& spec, RunnerOptions o = {}, Ind
     const Backend b = variant < 4 ? std::array{Backend::kAuto, Backend::kGeneric, Backend::kDirectMicro,
                                                Backend::kDynamic}[variant]
                                   : Backend::kDynamic;
-    if (b == Backend::kDirectMicro && spec.tokens * spec.config.top_k > 512) continue;  // past its capacity
+    if (b == Backend::kDirectMicro && spec.tokens * spec.config.top_k > direct_micro_capacity(spec.config))
+      continue;
     if (variant == 4 && !bf16_reachable) continue;
     RunnerOptions ob = variant == 4 ? with_bf16_copy(o) : o;
     ob.backend = b;
@@ -288,6 +298,52 @@ TEST(GpuEdge, NanInOneTokenStaysInThatToken) {
     bool any_nan = false;
     for (int c = 0; c < 256; ++c) any_nan |= std::isnan(fmt::f32_from_bf16(o[t * 256 + c]));
     EXPECT_EQ(any_nan, t == 2) << "token " << t;
+  }
+}
+
+// Forced direct_micro at exactly each variant's route capacity, against the reference (poisoned
+// output, every element written), and one route past it raising Unsupported that names
+// options.backend, T·K and the capacity. K = 8 over E = 128 takes one route group per weight pass
+// (8 routes per expert on average); K = 1 over E = 64 takes two (16); with every route on one expert
+// that expert takes up to 64 passes, and at half the capacity its FC2 sums hold two k-chunks per route
+// (KC · routes = the variant's FC2 slots). H = 512: 32 FC2 items, split over CTAs.
+TEST(GpuEdge, DirectMicroAtItsRouteCapacity) {
+  REQUIRE_GPU();
+  struct Variant {
+    WeightFormat format;
+    ActMode mode;
+    Activation act;
+  };
+  for (const Variant& v : {Variant{WeightFormat::kNVFP4, ActMode::kA4, Activation::kSilu},         // f16, 1024
+                           Variant{WeightFormat::kNVFP4, ActMode::kA16, Activation::kGeluTanh},    // bf16, 512
+                           Variant{WeightFormat::kMXFP4, ActMode::kA8, Activation::kSwigluOai}}) {  // bf16, 512
+    const int64_t cap = direct_micro_capacity(make_config(8, 512, 256, 8, v.format, v.mode));
+    struct Case {
+      int experts, top_k;
+      int64_t routes;
+      bool one_expert;
+    };
+    for (const Case& k : {Case{128, 8, cap, false}, Case{64, 1, cap, false}, Case{64, 4, cap, true},
+                          Case{64, 4, cap / 2, true}}) {
+      const MoeConfig c = make_config(k.experts, 512, 256, k.top_k, v.format, v.mode, v.act, true);
+      const int64_t T = k.routes / k.top_k;
+      ProblemSpec s{c, T, static_cast<uint64_t>(900 + cap + k.experts + k.top_k + k.one_expert)};
+      if (k.one_expert) s.routing = ProblemSpec::Routing::kAllToOneExpert, s.one_expert = 40;
+      const Problem p = testkit::make_problem(s);
+      PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
+      MoeRunner r(c, w, {.max_tokens = T + 1, .backend = Backend::kDirectMicro});
+      ASSERT_EQ(r.plan(T), Backend::kDirectMicro) << c.to_string() << " T=" << T;
+      expect_run_matches_reference(r, p);
+      if (k.top_k == 1) {  // T + 1 tokens: exactly one route past the capacity
+        const testkit::Inputs more = testkit::make_inputs(c, T + 1, 901);
+        DeviceArray<uint16_t> x(more.x), out((T + 1) * c.hidden);
+        DeviceArray<int32_t> ids(more.ids);
+        DeviceArray<float> tw(more.topk_weights);
+        EXPECT_ERROR(Unsupported, r.run(x.get(), ids.get(), IndexType::kInt32, tw.get(), out.get(), T + 1),
+                     "options.backend", "T·K = " + std::to_string(T + 1) + "·1 = " + std::to_string(cap + 1),
+                     "past the " + std::to_string(cap));
+      }
+    }
   }
 }
 
@@ -513,14 +569,26 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
   const Problem p = testkit::make_problem({c, 4, 71});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
   MoeRunner r(c, w, {.max_tokens = 4096});
-  // kAuto: direct_micro up to its 512 routes while ≤ 32 per touched expert, then dynamic on sm_90,
+  // kAuto: direct_micro up to 512 routes while ≤ 32 per touched expert, then dynamic on sm_90,
   // generic elsewhere (gpu_runner.cpp, the measured crossover).
   for (int64_t T : {1, 8, 64}) EXPECT_EQ(r.plan(T), Backend::kDirectMicro) << T;
-  for (int64_t T : {65, 4096}) EXPECT_EQ(r.plan(T), device_is_sm90() ? Backend::kDynamic : Backend::kGeneric) << T;
+  // 1024 routes (T = 128) stay off direct_micro, though this config's f16 variant takes them forced.
+  for (int64_t T : {65, 128, 4096})
+    EXPECT_EQ(r.plan(T), device_is_sm90() ? Backend::kDynamic : Backend::kGeneric) << T;
   EXPECT_EQ(MoeRunner(c, w, {.max_tokens = 64, .backend = Backend::kGeneric}).plan(1), Backend::kGeneric);
+  // Forced: each variant's capacity (NVFP4-a4: the f16 variant, 1024 routes; a16: bf16, 512).
   MoeRunner forced(c, w, {.max_tokens = 4096, .backend = Backend::kDirectMicro});
-  EXPECT_EQ(forced.plan(64), Backend::kDirectMicro);  // 512 routes: its capacity
-  EXPECT_THROW(forced.plan(65), Unsupported);         // 520 routes
+  EXPECT_EQ(forced.plan(128), Backend::kDirectMicro);  // 1024 routes
+  EXPECT_ERROR(Unsupported, forced.plan(129), "options.backend", "T·K = 129·8 = 1032", "past the 1024");
+  const MoeConfig c16 = make_config(64, 256, 128, 8, WeightFormat::kNVFP4, ActMode::kA16);
+  const Problem p16 = testkit::make_problem({c16, 4, 72});
+  PreparedWeights w16 = prepare_weights(c16, p16.checkpoint.view(), {.device = 0});
+  MoeRunner forced16(c16, w16, {.max_tokens = 4096, .backend = Backend::kDirectMicro});
+  EXPECT_EQ(forced16.plan(64), Backend::kDirectMicro);  // 512 routes
+  EXPECT_ERROR(Unsupported, forced16.plan(65), "options.backend", "T·K = 65·8 = 520", "past the 512");
+  MoeRunner auto16(c16, w16, {.max_tokens = 4096});
+  EXPECT_EQ(auto16.plan(64), Backend::kDirectMicro);
+  EXPECT_NE(auto16.plan(65), Backend::kDirectMicro);
   EXPECT_THROW(MoeRunner(c, w, {.max_tokens = 8, .backend = Backend::kStatic}).plan(1), Unsupported);
 }
 
