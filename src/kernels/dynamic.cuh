@@ -146,6 +146,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
   const int ct = threadIdx.x - kWarpgroup;  // 0..255: this thread among both consumers (epilogue)
   const int ktiles = p.k_pad / BK, sb = 64 / p.block, row_tiles = p.w_rows / 16;
   const uint32_t a_base = ptx::smem_addr(sm.a[0]);
+  const FragLut lut = frag_lut(sm.tables);
   float acc[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
@@ -173,7 +174,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
       const uint32_t words[4] = {cur.codes.x, cur.codes.y, cur.codes.z, cur.codes.w};
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        if (ok) frag_a_bf16(sm.tables, words[ks], cur.slo, cur.shi, ks, sb, a[ks]);
+        if (ok) frag_a_bf16(lut, words[ks], cur.slo, cur.shi, ks, a[ks]);
         else a[ks][0] = a[ks][1] = a[ks][2] = a[ks][3] = 0u;
       }
       const int s = it % kStages;
