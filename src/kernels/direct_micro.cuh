@@ -275,6 +275,7 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem<kF16>& s
                                             const __nv_bfloat16* const (&brow)[kG], float (&acc)[kS][kG][4]) {
   const int lane = threadIdx.x & 31, c = lane & 3;
   const int sb = 64 / p.block;  // scale bytes per row per tile: 4 (NVFP4) or 2 (MX)
+  const FragLut lut = frag_lut(tables(sm));  // bf16 path only (the f16 launch has no tables)
   for (int kt0 = 0; kt0 < KT; kt0 += kU) {
     uint4 wv[kU][kS];
     uint32_t slo[kU][kS], shi[kU][kS];
@@ -307,7 +308,7 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem<kF16>& s
           const uint32_t word = t == 0 ? wv[u][s].x : t == 1 ? wv[u][s].y : t == 2 ? wv[u][s].z : wv[u][s].w;
           uint32_t a[4];
           if constexpr (kF16) frag_a_f16(word, slo[u][s], shi[u][s], t, a);
-          else frag_a_bf16(tables(sm), word, slo[u][s], shi[u][s], t, sb, a);
+          else frag_a_bf16(lut, word, slo[u][s], shi[u][s], t, a);
 #pragma unroll
           for (int q = 0; q < kG; ++q) {
             const uint4& lo = bv[u][q][t >> 1];

@@ -6,24 +6,31 @@
 //   CTA = 3 warpgroups (384 threads), persistent over the work list (m-tile × n-tile):
 //     warpgroup 0      producer: per pipeline stage, cp.async of the activation tile (BM routed
 //                      rows × 64 k of A1/A2, bf16, rows past the expert zero-filled) in the wgmma
-//                      K-major no-swizzle layout (common/wgmma_layout.h): the wgmma B operand.
+//                      K-major no-swizzle layout (common/wgmma_layout.h): the wgmma B operand; and of
+//                      the n-tile's weights for the same 64 k: its 8 row tiles of mma-fragment-order
+//                      codes (device_weights.h, the layout direct_micro reads; 8 × 512 B) and their
+//                      scale bytes (8 × 16 rows × 64 / block), row tiles past w_rows zero-filled.
 //     warpgroups 1, 2  consumers: weight rows [64c, 64c + 64) of the n-tile, warp w the 16 rows
-//                      64c + 16w... Each lane streams its 16 bytes of the mma-fragment-order weights
-//                      (device_weights.h, the layout direct_micro reads) two k-tiles ahead, straight
-//                      into registers; dequantises them to bf16 A fragments (common/frag_dequant.cuh:
-//                      per-lane tables, exact); and issues 4 × wgmma m64n128k16 with A from registers
-//                      and B = the activation tile.
+//                      64c + 16w... Once the stage is full each lane reads its 16 bytes of codes (one
+//                      LDS.128) and its two scale words; dequantises them to bf16 A fragments
+//                      (common/frag_dequant.cuh: per-lane tables, exact); and issues 4 × wgmma
+//                      m64n128k16 with A from registers and B = the activation tile.
 //   Then the two consumers stage alpha·acc + bias transposed (routed row × weight column) and run
 //   the FC1 or FC2 epilogue of the tile together (named barrier over 256 threads).
-//   Stages: a ring of kStages activation tiles with mbarriers "full" (128 producer arrivals) and
-//   "empty" (256 consumer arrivals); no __syncthreads after the prologue.
+//   Stages: a ring of kStages (activation tile, weight slice) pairs with mbarriers "full" (128
+//   producer arrivals) and "empty" (256 consumer arrivals); no __syncthreads after the prologue.
 //
 // Why weights in registers: the previous design dequantised the weights into shared memory, so each
 // stage moved the weight tile through shared memory twice (a write, then a wgmma read by each
 // consumer), besides the table lookups. Its consumers waited on the producer about two thirds of
 // the time (Nsight Compute), and two producers helped only 8 % (bench/results/NOTES.md, session 4).
-// Now shared memory carries only the activation tile, and every consumer warp dequantises its own
-// weights.
+// Now shared memory carries the activation tile and the packed weights (4.5 KB a stage, not their
+// bf16 form), and every consumer warp dequantises its own weights.
+//
+// Why the weights ride the stages: when each lane loaded its own weights from global memory two
+// k-tiles ahead, the consumers stalled on those loads (long scoreboard, 29 % of samples; NOTES.md
+// session 5): two k-tiles is less than a loaded DRAM round trip. In the stages they are requested
+// kStages k-tiles ahead by the producer, which has nothing else to wait for.
 //
 // Products are exact (bf16 holds E2M1 × E4M3/UE8M0 and every activation value the quantisers
 // produce, including e4m3 × UE8M0 of a8), accumulation is fp32: results equal generic's up to
@@ -59,17 +66,23 @@ static_assert(kStages >= 3, "the producer signals stage s one step late (after s
 
 enum : int { kWaitEmpty = 1, kWaitFull = 2 };  // watchdog report: which barrier a thread gave up on
 
+inline constexpr int kRowTiles = BN / 16;   // weight row tiles (16 rows × 64 k) per n-tile
+inline constexpr int kMaxScaleBytes = 16 * 4;  // scale bytes per row tile and k-tile: 16 rows × 64 / 16
+
 struct Smem {
   __nv_bfloat16 a[kStages][BM * BK];  // activation tiles (BM, BK) per stage, K-major, no swizzle
+  uint4 w[kStages][kRowTiles][32];    // weight codes per stage: row tile j = 4c + warp, lane's 16 B
+  alignas(16) uint8_t ws[kStages][kRowTiles][kMaxScaleBytes];  // their scales: [16 rows][64 / block]
   float c[BM * kLdc];                 // epilogue staging: [routed row][tile column], alpha·acc + bias
   FragTables tables;                  // E2M1 and scale byte → bf16x2, per lane
   uint64_t full[kStages];             // producer → consumers: stage written (and fenced for the async proxy)
   uint64_t empty[kStages];            // consumers → producer: stage read by the tensor cores
   int aborted;                        // watchdog (mbarrier.cuh)
 };
+static_assert(sizeof(Smem) <= 227 * 1024, "past the sm_90 opt-in shared memory per CTA");
 
 // cp.async of the stage's activation tile: rows row0 + m (m < valid; the rest zero-filled),
-// k = kt·64 ... One commit group per stage.
+// k = kt·64 ...
 __device__ __forceinline__ void copy_a(const MoeGemmParams& p, __nv_bfloat16* tile, int row0, int valid, int kt, int t) {
   unsigned char* base = reinterpret_cast<unsigned char*>(tile);
 #pragma unroll
@@ -79,7 +92,6 @@ __device__ __forceinline__ void copy_a(const MoeGemmParams& p, __nv_bfloat16* ti
     const __nv_bfloat16* src = p.a + static_cast<int64_t>(row0 + (ok ? cc.m : 0)) * p.k_pad + kt * BK + cc.kc * 8;
     ptx::cp_async_16(base + wgmma::kmajor_offset(BM, cc.m, 8 * cc.kc), src, ok ? 16 : 0);
   }
-  ptx::cp_async_commit();
 }
 
 struct TileInfo {
@@ -155,81 +167,114 @@ __device__ __forceinline__ void hand_over_last(uint64_t* full, uint32_t it) {
   ptx::mbar_arrive(&full[(it - 1) % kStages]);
 }
 
+// Row tile j (weight rows 16j.. of the n-tile) of the work item: whether it is inside w_rows
+// (w_rows % 16 == 0: all 16 rows or none) and its first fragment tile (k-tile 0), the expert's
+// first one when it is not. Tile indices fit 32 bits (2^32 tiles would be 2 TB of codes); 32-bit
+// indices keep the producer inside its 40 registers.
+struct RowTile {
+  uint32_t tile0;
+  bool ok;
+};
+template <bool kFc1>
+__device__ __forceinline__ RowTile row_tile(const MoeGemmParams& p, const TileInfo& ti, int j) {
+  const bool ok = weight_row_valid<BN>(p, kFc1, ti.y, 16 * j);
+  const int rt = ok ? weight_row<BN>(p, kFc1, ti.y, 16 * j) / 16 : 0;
+  return {static_cast<uint32_t>(ti.e * (p.w_rows / 16) + rt) * static_cast<uint32_t>(p.k_pad / BK), ok};
+}
+
+// This producer thread's share of one work item's weight copies, per k-tile: the codes of row tiles
+// warp and warp + 4 (lane's 16 B of each: a warp moves 512 contiguous bytes), and for t < 8·sb one
+// 16-byte chunk of scales (row tile t / sb, chunk t % sb). Invalid row tiles copy 0 bytes (zeros).
+struct WeightCopies {
+  uint32_t code_tile[2], scale_tile;  // first fragment tiles (k-tile 0) of those row tiles
+  int code_bytes[2], scale_bytes;     // 16, or 0 past w_rows
+};
+template <bool kFc1>
+__device__ __forceinline__ WeightCopies weight_copies(const MoeGemmParams& p, const TileInfo& ti, int t, int sb) {
+  const int warp = t >> 5, lane = t & 31;
+  WeightCopies wc;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const RowTile rt = row_tile<kFc1>(p, ti, warp + 4 * h);
+    wc.code_tile[h] = rt.tile0;
+    wc.code_bytes[h] = rt.ok ? 16 : 0;
+  }
+  const RowTile rs = row_tile<kFc1>(p, ti, min(t / sb, kRowTiles - 1));
+  wc.scale_tile = rs.tile0;
+  wc.scale_bytes = rs.ok && t < kRowTiles * sb ? 16 : 0;
+  return wc;
+}
+__device__ __forceinline__ void copy_w(const MoeGemmParams& p, Smem& sm, const WeightCopies& wc, int s, int kt, int t,
+                                       int sb) {
+  const int warp = t >> 5, lane = t & 31;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    ptx::cp_async_16(&sm.w[s][warp + 4 * h][lane], p.w_frag + static_cast<uint64_t>(wc.code_tile[h] + kt) * 32 + lane,
+                     wc.code_bytes[h]);
+  if (t < kRowTiles * sb)
+    ptx::cp_async_16(&sm.ws[s][t / sb][(t % sb) * 16],
+                     p.s_frag + static_cast<uint64_t>(wc.scale_tile + kt) * 16 * sb + (t % sb) * 16, wc.scale_bytes);
+}
+
 // Producer warpgroup. Stage `it` is signalled "full" one step late, after the copies of stage it + 1
 // are issued, so a stage's copies are in flight while the next one is issued.
 template <bool kFc1>
 __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem& sm, int n_tiles, int work,
                                         const ptx::Watchdog& wd) {
   const int t = threadIdx.x;  // 0..127
-  const int ktiles = p.k_pad / BK;
+  const int ktiles = p.k_pad / BK, sb = 64 / p.block;
   uint32_t it = 0;
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = tile_info(p, w, n_tiles);
+    const WeightCopies wc = weight_copies<kFc1>(p, ti, t, sb);
     for (int kt = 0; kt < ktiles; ++kt, ++it) {
       const int s = it % kStages;
       ptx::mbar_wait(&sm.empty[s], ((it / kStages) & 1) ^ 1, wd, kWaitEmpty, it);
       copy_a(p, sm.a[s], ti.row0, ti.valid, kt, t);
+      copy_w(p, sm, wc, s, kt, t, sb);
+      ptx::cp_async_commit();  // one group per stage
       hand_over(sm.full, it);
     }
   }
   hand_over_last(sm.full, it);
 }
 
-// One k-tile of this lane's weight stream: its 16 bytes of codes and the scale words of rows g, g+8.
-struct WeightSlice {
-  uint4 codes;
-  uint32_t slo, shi;
-};
-__device__ __forceinline__ WeightSlice load_slice(const uint4* codes, const uint8_t* scales, int kt, int sb) {
-  WeightSlice w;
-  w.codes = __ldg(codes + kt * 32);
-  frag_scales(scales + static_cast<int64_t>(kt) * 16 * sb, sb, w.slo, w.shi);
-  return w;
-}
-
 // Consumer warpgroup c (0 or 1): weight rows [64c, 64c + 64) of each n-tile against all BM routed
 // rows of the m-tile. Every warp takes part in every wgmma (sync.aligned); a warp whose 16 weight rows
-// are past w_rows (last n-tile of a non-gated FC1 or of FC2) feeds zeros.
+// are past w_rows (last n-tile of a non-gated FC1 or of FC2) feeds zeros and reads no weights.
 template <bool kFc1>
 __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_tiles, int work,
                                         const ptx::Watchdog& wd) {
   const int c = threadIdx.x / kWarpgroup - 1;
   const int t = threadIdx.x % kWarpgroup, warp = t >> 5, lane = t & 31;
   const int ct = threadIdx.x - kWarpgroup;  // 0..255: this thread among both consumers (epilogue)
-  const int ktiles = p.k_pad / BK, sb = 64 / p.block, row_tiles = p.w_rows / 16;
+  const int ktiles = p.k_pad / BK, sb = 64 / p.block, j = 4 * c + warp;  // j: this warp's row tile
   const uint32_t a_base = ptx::smem_addr(sm.a[0]);
+  const FragLut lut = frag_lut(sm.tables);
   float acc[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
   uint32_t it = 0;
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = tile_info(p, w, n_tiles);
-    const int v0 = 64 * c + 16 * warp;  // this warp's first tile column (weight row of the n-tile)
-    const bool ok = weight_row_valid<BN>(p, kFc1, ti.y, v0);  // w_rows % 16 == 0: all 16 rows or none
-    const int64_t tile0 =
-        (static_cast<int64_t>(ti.e) * row_tiles + (ok ? weight_row<BN>(p, kFc1, ti.y, v0) / 16 : 0)) * ktiles;
-    const uint4* codes = p.w_frag + tile0 * 32 + lane;
-    const uint8_t* scales = p.s_frag + tile0 * 16 * sb;
-    WeightSlice next{}, after{};  // k-tiles kt + 1 and kt + 2, in flight
-    if (ok) {
-      next = load_slice(codes, scales, 0, sb);
-      if (ktiles > 1) after = load_slice(codes, scales, 1, sb);
-    }
-    // Two sets of A fragments: while stage kt's MMAs run, the warpgroup dequantises stage kt + 1 into
-    // the other set; wgmma_wait<1> then frees stage kt - 1's set and shared-memory tile.
+    const bool ok = weight_row_valid<BN>(p, kFc1, ti.y, 16 * j);  // w_rows % 16 == 0: all 16 rows or none
+    // Two sets of A fragments: while stage kt - 1's MMAs run, the warpgroup dequantises stage kt into
+    // the other set; wgmma_wait<1> then frees stage kt - 1's set and its stage (tile and weights).
     uint32_t a0[4][4], a1[4][4];
     auto stage = [&](int kt, uint32_t (&a)[4][4]) {
-      const WeightSlice cur = next;
-      next = after;
-      if (ok && kt + 2 < ktiles) after = load_slice(codes, scales, kt + 2, sb);
-      const uint32_t words[4] = {cur.codes.x, cur.codes.y, cur.codes.z, cur.codes.w};
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        if (ok) frag_a_bf16(sm.tables, words[ks], cur.slo, cur.shi, ks, sb, a[ks]);
-        else a[ks][0] = a[ks][1] = a[ks][2] = a[ks][3] = 0u;
-      }
       const int s = it % kStages;
       ptx::mbar_wait(&sm.full[s], (it / kStages) & 1, wd, kWaitFull, it);
+      if (ok) {
+        const uint4 codes = sm.w[s][j][lane];  // one LDS.128
+        uint32_t slo, shi;
+        frag_scales(sm.ws[s][j], sb, slo, shi);
+        const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) frag_a_bf16(lut, words[ks], slo, shi, ks, a[ks]);
+      } else {
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) a[ks][0] = a[ks][1] = a[ks][2] = a[ks][3] = 0u;
+      }
       ptx::fence_proxy_async_smem();  // the writers fenced; this one is belt and braces
       ptx::fence_operand(acc);
       ptx::wgmma_fence();
@@ -269,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(MoeGemmParams p, int 
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int work = *p.num_tiles * n_tiles;
   // 384 threads start with 168 registers each; the producer (cp.async only) gives back to 40 and
-  // the consumers (64 accumulators, two A fragment sets, weights two stages ahead) take 232:
+  // the consumers (64 accumulators, two A fragment sets) take 232:
   // 128·40 + 256·232 = 64512 ≤ 65536.
   if (threadIdx.x < kWarpgroup) {
     ptx::setmaxnreg_dec<40>();

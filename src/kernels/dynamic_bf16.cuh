@@ -92,9 +92,9 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams 
     const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-      const int j = sb == 4 ? t : t >> 1;  // the scale byte of k16 step t (NVFP4: one per 16 k; MX: per 32)
-      const __nv_bfloat162 s_lo = scale_bf16x2(static_cast<uint8_t>(slo >> (8 * j)), p.nvfp4);
-      const __nv_bfloat162 s_hi = scale_bf16x2(static_cast<uint8_t>(shi >> (8 * j)), p.nvfp4);
+      // frag_scales spreads MX words, so byte t is k16 step t's scale for both formats.
+      const __nv_bfloat162 s_lo = scale_bf16x2(static_cast<uint8_t>(slo >> (8 * t)), p.nvfp4);
+      const __nv_bfloat162 s_hi = scale_bf16x2(static_cast<uint8_t>(shi >> (8 * t)), p.nvfp4);
       const uint32_t s2[4] = {*reinterpret_cast<const uint32_t*>(&s_lo), *reinterpret_cast<const uint32_t*>(&s_hi),
                               *reinterpret_cast<const uint32_t*>(&s_lo), *reinterpret_cast<const uint32_t*>(&s_hi)};
 #pragma unroll
@@ -143,6 +143,7 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem& sm, int n_
         ptx::bulk_copy_g2s(sm.w[s], wsrc + static_cast<int64_t>(kt) * kWTileElems, kWTileBytes, &sm.full[s]);
       }
       dynamic::copy_a(p, sm.a[s], ti.row0, ti.valid, kt, t);
+      ptx::cp_async_commit();  // one group per stage
       dynamic::hand_over(sm.full, it);
     }
   }

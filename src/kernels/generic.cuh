@@ -90,13 +90,14 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
   __syncthreads();  // the table is filled
   for (int kt = 0; kt < ktiles; ++kt) {
     // k16 step j of this BK step is step t = 2·(kt % 2) + j of the fragment tile: its A fragment
-    // (frag_dequant.cuh) goes to rows 16w + g (+8), k 16j + 2c (+8) of the B tile.
+    // (frag_dequant.cuh) goes to rows 16w + g (+8), k 16j + 2c (+8) of the B tile; byte t of the
+    // scale words is its scale (frag_scales spreads MX's two bytes).
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const int t = 2 * (kt & 1) + j, jb = sb == 4 ? t : t >> 1;
+      const int t = 2 * (kt & 1) + j;
       const uint32_t word = j ? codes.y : codes.x;
-      const __nv_bfloat162 s_lo = scale_bf16x2(static_cast<uint8_t>(slo >> (8 * jb)), p.nvfp4);
-      const __nv_bfloat162 s_hi = scale_bf16x2(static_cast<uint8_t>(shi >> (8 * jb)), p.nvfp4);
+      const __nv_bfloat162 s_lo = scale_bf16x2(static_cast<uint8_t>(slo >> (8 * t)), p.nvfp4);
+      const __nv_bfloat162 s_hi = scale_bf16x2(static_cast<uint8_t>(shi >> (8 * t)), p.nvfp4);
       const uint32_t lo = *reinterpret_cast<const uint32_t*>(&s_lo), hi = *reinterpret_cast<const uint32_t*>(&s_hi);
       const int n = 16 * warp + g, k = 16 * j + 2 * cq;
       *reinterpret_cast<uint32_t*>(&sm.b[n][k]) = hmul2_bf16_bits(sm.lut.v[word & 0xFF], lo);

@@ -4,8 +4,9 @@
 //   a[0]: row g,   k 2c, 2c+1      a[1]: row g+8, k 2c, 2c+1
 //   a[2]: row g,   k 2c+8, 2c+9    a[3]: row g+8, k 2c+8, 2c+9        (g = lane / 4, c = lane % 4)
 // Word t of the lane's vector holds k16 step t: byte 0 = a[0]'s two codes, byte 1 = a[1]'s, ...
-// slo / shi: the block scale bytes of rows g and g+8 for the tile's 64 k (4 E4M3 bytes for NVFP4, 2
-// UE8M0 bytes for MX), little-endian.
+// slo / shi: the block scale words of rows g and g+8 for the tile's 64 k as frag_scales returns them:
+// byte t is k16 step t's scale in both formats (4 E4M3 bytes for NVFP4; MX's 2 UE8M0 bytes, one per
+// 32 k, spread to b0 b0 b1 b1).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -63,29 +64,57 @@ __device__ __forceinline__ void frag_a_f16(uint32_t word, uint32_t slo, uint32_t
   a[3] = hmul2_f16_bits(ptx::e4m3x2_to_f16x2<true>(x23), s_hi);   // row g+8, k 2c+8
 }
 
-// k16 step t, bf16 through the tables: exact code × block scale. sb: scale bytes per row per tile
-// (4 NVFP4, 2 MX).
-__device__ __forceinline__ void frag_a_bf16(const FragTables& tb, uint32_t word, uint32_t slo, uint32_t shi, int t,
-                                            int sb, uint32_t (&a)[4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2;
-  const int j = sb == 4 ? t : t >> 1;
-  const uint32_t s_lo = tb.scale2[(slo >> (8 * j)) & 0xFF][g];
-  const uint32_t s_hi = tb.scale2[(shi >> (8 * j)) & 0xFF][g];
-  a[0] = hmul2_bf16_bits(tb.e2m1x2[word & 0xFF][lane], s_lo);          // row g,   k 2c
-  a[1] = hmul2_bf16_bits(tb.e2m1x2[(word >> 8) & 0xFF][lane], s_hi);   // row g+8, k 2c
-  a[2] = hmul2_bf16_bits(tb.e2m1x2[(word >> 16) & 0xFF][lane], s_lo);  // row g,   k 2c+8
-  a[3] = hmul2_bf16_bits(tb.e2m1x2[word >> 24][lane], s_hi);           // row g+8, k 2c+8
+// The per-lane columns of both tables as shared-memory addresses, taken once per kernel (or loop):
+// a lookup is then byte extract (PRMT) + address (LEA: base + byte · row stride) + LDS, with no
+// generic-to-shared conversion or 64-bit index math per use.
+struct FragLut {
+  uint32_t e2m1;   // &e2m1x2[0][lane]: entry b at e2m1 + b · 128
+  uint32_t scale;  // &scale2[0][g]:    entry b at scale + b · 32
+};
+inline constexpr int kE2m1RowShift = 7;   // log2(sizeof(e2m1x2[0])) = 32 lanes × 4 bytes
+inline constexpr int kScaleRowShift = 5;  // log2(sizeof(scale2[0])) = 8 row groups × 4 bytes
+static_assert(sizeof(FragTables::e2m1x2[0]) == 1u << kE2m1RowShift, "e2m1x2 row stride");
+static_assert(sizeof(FragTables::scale2[0]) == 1u << kScaleRowShift, "scale2 row stride");
+
+__device__ __forceinline__ FragLut frag_lut(const FragTables& tb) {
+  const int lane = threadIdx.x & 31;
+  return {ptx::smem_addr(&tb.e2m1x2[0][lane]), ptx::smem_addr(&tb.scale2[0][lane >> 2])};
 }
 
-// The scale words of one tile for this lane: rows g and g+8 (s: the tile's scale bytes).
+// Byte i of v as 0..255 (PRMT: byte i to position 0, zeros from the second operand elsewhere).
+__device__ __forceinline__ uint32_t byte_of(uint32_t v, int i) { return ptx::prmt(v, 0u, 0x4440u | i); }
+
+// The table word at `base` + byte · 2^shift. Volatile: the tables are written before a barrier, and
+// a non-volatile asm without memory operands could be hoisted above it.
+template <int kShift>
+__device__ __forceinline__ uint32_t lut_load(uint32_t base, uint32_t byte) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(base + (byte << kShift)));
+  return v;
+}
+
+// k16 step t, bf16 through the tables: exact code × block scale (slo / shi from frag_scales).
+__device__ __forceinline__ void frag_a_bf16(const FragLut& lut, uint32_t word, uint32_t slo, uint32_t shi, int t,
+                                            uint32_t (&a)[4]) {
+  const uint32_t s_lo = lut_load<kScaleRowShift>(lut.scale, byte_of(slo, t));
+  const uint32_t s_hi = lut_load<kScaleRowShift>(lut.scale, byte_of(shi, t));
+  a[0] = hmul2_bf16_bits(lut_load<kE2m1RowShift>(lut.e2m1, byte_of(word, 0)), s_lo);  // row g,   k 2c
+  a[1] = hmul2_bf16_bits(lut_load<kE2m1RowShift>(lut.e2m1, byte_of(word, 1)), s_hi);  // row g+8, k 2c
+  a[2] = hmul2_bf16_bits(lut_load<kE2m1RowShift>(lut.e2m1, byte_of(word, 2)), s_lo);  // row g,   k 2c+8
+  a[3] = hmul2_bf16_bits(lut_load<kE2m1RowShift>(lut.e2m1, byte_of(word, 3)), s_hi);  // row g+8, k 2c+8
+}
+
+// The scale words of one tile for this lane: rows g and g+8 (s: the tile's scale bytes, sb per row:
+// 4 NVFP4, 2 MX). MX's two bytes (k 0..31, 32..63) are spread to b0 b0 b1 b1 here, once per tile, so
+// that byte t is k16 step t's scale in both formats and the per-step code needs no format test.
 __device__ __forceinline__ void frag_scales(const uint8_t* s, int sb, uint32_t& slo, uint32_t& shi) {
   const int g = (threadIdx.x & 31) >> 2;
   if (sb == 4) {
     slo = *reinterpret_cast<const uint32_t*>(s + g * 4);
     shi = *reinterpret_cast<const uint32_t*>(s + (g + 8) * 4);
   } else {
-    slo = *reinterpret_cast<const uint16_t*>(s + g * 2);
-    shi = *reinterpret_cast<const uint16_t*>(s + (g + 8) * 2);
+    slo = ptx::prmt(*reinterpret_cast<const uint16_t*>(s + g * 2), 0u, 0x1100u);
+    shi = ptx::prmt(*reinterpret_cast<const uint16_t*>(s + (g + 8) * 2), 0u, 0x1100u);
   }
 }
 

@@ -1,0 +1,114 @@
+// The register dequantisation of mma-fragment-order weights (kernels/common/frag_dequant.cuh), the
+// one that dynamic and direct_micro feed to the tensor cores, against code × scale computed on the
+// host from fmt:: decoders and the layout's own index map (fragment_layout.h): every lane, every k16
+// step, every register, both halves.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "fp4moe/formats.h"
+#include "gpu/gpu_util.h"
+#include "kernels/common/frag_dequant.cuh"
+#include "kernels/common/fragment_layout.h"
+
+namespace fp4moe {
+namespace {
+
+using testgpu::DeviceArray;
+
+constexpr int kRegs = 4 * 4;  // per lane and tile: 4 k16 steps × 4 A registers
+
+// One warp per fragment tile (16 rows × 64 k). Writes, per lane, step t and register r, frag_a_bf16's
+// bf16x2 and (NVFP4 only) frag_a_f16's f16x2 at ((tile·32 + lane)·4 + t)·4 + r.
+__global__ void frag_dequant_kernel(const uint4* codes, const uint8_t* scales, int sb, bool nvfp4, uint32_t* bf16,
+                                    uint32_t* f16) {
+  __shared__ kernels::FragTables tables;
+  kernels::fill_frag_tables(tables, nvfp4, 0, 1);
+  __syncthreads();
+  const int lane = threadIdx.x, tile = blockIdx.x;
+  const kernels::FragLut lut = kernels::frag_lut(tables);
+  const uint4 v = codes[tile * 32 + lane];
+  uint32_t slo, shi;
+  kernels::frag_scales(scales + tile * 16 * sb, sb, slo, shi);
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  const int out = (tile * 32 + lane) * kRegs;
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    uint32_t a[4];
+    kernels::frag_a_bf16(lut, words[t], slo, shi, t, a);
+    for (int r = 0; r < 4; ++r) bf16[out + 4 * t + r] = a[r];
+    if (nvfp4) {
+      kernels::frag_a_f16(words[t], slo, shi, t, a);
+      for (int r = 0; r < 4; ++r) f16[out + 4 * t + r] = a[r];
+    }
+  }
+}
+
+// IEEE binary16 bits → value (exact in double).
+double f16_value(uint16_t h) {
+  const int e = (h >> 10) & 31, m = h & 1023;
+  const double mag = e == 0 ? std::ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : std::ldexp(1024 + m, e - 25);
+  return (h & 0x8000) ? -mag : mag;
+}
+
+// `tiles` fragment tiles of random code words and random scale bytes (block 16 E4M3 or block 32
+// UE8M0), through the kernel; every half of every register equals code × scale (f16: × 2^6).
+void check_format(bool nvfp4, uint64_t seed) {
+  const int block = nvfp4 ? 16 : 32, sb = 64 / block, tiles = 64;
+  std::mt19937_64 rng(seed);
+  std::vector<uint32_t> words(static_cast<size_t>(tiles) * 32 * 4);
+  for (auto& w : words) w = static_cast<uint32_t>(rng());
+  // Scale bytes [tile][row 0..15][k / block]. NaN bytes are excluded (prepare_weights rejects them),
+  // and UE8M0 stays in [2, 252], where every code × scale is a finite normal bf16.
+  std::vector<uint8_t> scales(static_cast<size_t>(tiles) * 16 * sb);
+  for (auto& s : scales) {
+    do s = static_cast<uint8_t>(rng());
+    while (nvfp4 ? (s & 0x7F) == 0x7F : (s < 2 || s > 252));
+  }
+  DeviceArray<uint32_t> d_words(words), d_bf16(words.size() * 4), d_f16(words.size() * 4);
+  DeviceArray<uint8_t> d_scales(scales);
+  frag_dequant_kernel<<<tiles, 32>>>(reinterpret_cast<const uint4*>(d_words.get()), d_scales.get(), sb, nvfp4,
+                                     d_bf16.get(), d_f16.get());
+  GPU_CHECK(cudaGetLastError());
+  GPU_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint32_t> bf16 = d_bf16.download(), f16 = d_f16.download();
+
+  int bad = 0;
+  for (int tile = 0; tile < tiles; ++tile)
+    for (int lane = 0; lane < 32; ++lane)
+      for (int t = 0; t < 4; ++t)
+        for (int r = 0; r < 4; ++r) {
+          const kernels::FragmentSource src = kernels::weight_fragment_source(lane, t, r);
+          const uint32_t word = words[(static_cast<size_t>(tile) * 32 + lane) * 4 + t];
+          const uint8_t byte = static_cast<uint8_t>(word >> (8 * r));
+          const uint8_t sbyte = scales[(static_cast<size_t>(tile) * 16 + src.row) * sb + src.k / block];
+          const double scale = nvfp4 ? fmt::e4m3_decode(sbyte) : fmt::ue8m0_decode(sbyte);
+          const size_t at = (static_cast<size_t>(tile) * 32 + lane) * kRegs + 4 * t + r;
+          for (int h = 0; h < 2; ++h) {  // h = 0: k (low nibble, low half), 1: k + 1
+            const double expect = fmt::e2m1_decode(static_cast<uint8_t>((byte >> (4 * h)) & 0xF)) * scale;
+            const double got = fmt::f32_from_bf16(static_cast<uint16_t>(bf16[at] >> (16 * h)));
+            if (got != expect && bad++ < 8)
+              ADD_FAILURE() << "bf16 " << (nvfp4 ? "nvfp4" : "mxfp4") << " tile " << tile << " lane " << lane
+                            << " step " << t << " reg " << r << " half " << h << ": " << got << " != " << expect;
+            if (!nvfp4) continue;
+            const double got16 = std::ldexp(f16_value(static_cast<uint16_t>(f16[at] >> (16 * h))), 6);
+            if (got16 != expect && bad++ < 8)
+              ADD_FAILURE() << "f16 tile " << tile << " lane " << lane << " step " << t << " reg " << r << " half "
+                            << h << ": " << got16 << " != " << expect;
+          }
+        }
+  EXPECT_EQ(bad, 0) << (nvfp4 ? "nvfp4" : "mxfp4");
+}
+
+TEST(GpuFragDequant, TablesAndF16GiveCodeTimesScale) {
+  REQUIRE_GPU();
+  check_format(true, 0x5eed01);
+  check_format(false, 0x5eed02);
+}
+
+}  // namespace
+}  // namespace fp4moe
