@@ -101,19 +101,16 @@ struct DirectMicroWorkspace {
                        int64_t route_limit = std::numeric_limits<int64_t>::max());
   size_t bytes() const;
   int max_routes = 0;  // routes (T·K) this workspace holds
-  int sms = 0;         // the device's SM count (sizes the CTA-rank registry, kernels/common/cta_rank.h)
   int grid = 0;        // co-resident CTAs of the compiled kernel on this device
   int fc2_parts = 1;      // CTAs per FC2 item (direct_micro.cuh Params::fc2_parts)
-  DeviceBuffer a1, a2, barrier, ranks, fc2_scratch, fc2_flags;
+  DeviceBuffer a1, a2, barrier, fc2_scratch, fc2_flags;
 };
 // RunArgs::trace of direct_micro: [grid][kDirectMicroTraceSlots] per CTA, zeroed by the caller: %globaltimer
 // stamps (start, setup, phase 0, barrier, phase 1, barrier, end), then ns summed over the CTA's items
-// (FC1 GEMM, FC1 epilogue + Q2, FC2 GEMM, FC2 top-k sum), then the CTA's %smid, FC1 items, FC2 items,
-// rank, and 1 if the ranks came from the registry's tickets (0: rank = blockIdx.x).
+// (FC1 GEMM, FC1 epilogue + Q2, FC2 GEMM, FC2 top-k sum), then the CTA's %smid, FC1 items, FC2 items.
 inline constexpr int kDirectMicroTraceStamps = 7;
 inline constexpr int kDirectMicroTraceSums = 4;
-inline constexpr int kDirectMicroTraceWhere = 5;
-inline constexpr int kDirectMicroTraceSlots = kDirectMicroTraceStamps + kDirectMicroTraceSums + kDirectMicroTraceWhere;
+inline constexpr int kDirectMicroTraceSlots = kDirectMicroTraceStamps + kDirectMicroTraceSums + 3;
 // Whether direct_micro takes T = tokens: T·K within the capacity of the variant the config uses
 // (f16 for NVFP4 weights with a4 activations: 1024 routes; bf16 otherwise: 512) and E_local ≤ 1024.
 bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why);

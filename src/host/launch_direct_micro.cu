@@ -11,8 +11,7 @@
 namespace fp4moe::gpu {
 
 namespace dm = kernels::direct_micro;
-static_assert(kDirectMicroTraceStamps == dm::kTraceStamps && kDirectMicroTraceSums == dm::kTraceSums &&
-              kDirectMicroTraceWhere == dm::kTraceWhere && kDirectMicroTraceSlots == dm::kTraceSlots);
+static_assert(kDirectMicroTraceStamps == dm::kTraceStamps && kDirectMicroTraceSlots == dm::kTraceSlots);
 
 namespace {
 // The compiled variants: kG route groups of 8 per pass over a weight tile, and kF16 for NVFP4
@@ -64,15 +63,11 @@ DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeigh
   a1 = DeviceBuffer(static_cast<size_t>(max_routes + 1) * w.h_pad * 2, "workspace.dm_a1");
   a2 = DeviceBuffer(static_cast<size_t>(max_routes + 1) * w.i_pad * 2, "workspace.dm_a2");
   barrier = DeviceBuffer(2 * sizeof(unsigned), "workspace.dm_barrier");
-  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, w.device));
-  // The CTA-rank registry: zeroed once, like the barrier (a zeroed bank is the fresh bank of the
-  // launch whose tag, the barrier epoch, is 0); each launch resets the next launch's bank itself.
-  ranks = DeviceBuffer(static_cast<size_t>(kernels::rank_registry_words(sms)) * sizeof(unsigned long long),
-                       "workspace.dm_ranks");
   FP4MOE_CUDA_CHECK(cudaMemset(a1.get(), 0, a1.bytes()));
   FP4MOE_CUDA_CHECK(cudaMemset(a2.get(), 0, a2.bytes()));
   FP4MOE_CUDA_CHECK(cudaMemset(barrier.get(), 0, barrier.bytes()));
-  FP4MOE_CUDA_CHECK(cudaMemset(ranks.get(), 0, ranks.bytes()));
+  int sms = 0;
+  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, w.device));
   // One grid for both variants: the smaller of their co-resident CTA counts.
   int per_sm = dm::kBlocksPerSm;
   for (bool wide : {false, true}) {
@@ -99,7 +94,7 @@ DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeigh
 }
 
 size_t DirectMicroWorkspace::bytes() const {
-  return a1.bytes() + a2.bytes() + barrier.bytes() + ranks.bytes() + fc2_scratch.bytes() + fc2_flags.bytes();
+  return a1.bytes() + a2.bytes() + barrier.bytes() + fc2_scratch.bytes() + fc2_flags.bytes();
 }
 
 void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicroWorkspace& ws, const RunArgs& a) {
@@ -136,7 +131,6 @@ void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicro
   p.a2 = ws.a2.get<__nv_bfloat16>();
   p.zero_row = ws.max_routes;
   p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
-  p.ranks = {ws.ranks.get<unsigned long long>(), ws.sms};
   // One token: no FC2 split. Its FC2 units are so small that a CTA's GEMM takes as long split or not
   // (qwen3-30b-a3b T = 1: per-CTA max 8.0 µs split, 7.5 unsplit), and the hand-over only adds: the
   // phase ends at 32.4 µs split, 30.1 unsplit (bench/results/h200-direct-micro-phases-20261202-

@@ -16,11 +16,6 @@
 //             every touched expert, leave per-route sums in shared memory, and the CTA writes
 //             out[t] = Σ_j w[t,j]·(alpha2·Σ_kc + b2) in slot order — each output element once
 //
-// Items of phases 1 and 2 go to CTAs by rank, not blockIdx.x (common/cta_rank.h): ranks 0, 1, … sit on
-// distinct SMs, so when a phase has no more items than SMs, no two of its items share an SM. Phase 0
-// keeps blockIdx.x: ranks are known only after the first barrier, and its warp items are too small
-// to care. An item's work and sums depend only on the item index, never on the CTA that runs it.
-//
 // Every sum runs in a fixed order, so results are deterministic. Neither GEMM leaves partial sums in
 // global memory: the only cross-CTA traffic is A1 and A2.
 //
@@ -40,7 +35,6 @@
 #include <cstdint>
 
 #include "fp4moe/activation.h"
-#include "kernels/common/cta_rank.cuh"
 #include "kernels/common/dequant.cuh"
 #include "kernels/common/epilogue.cuh"
 #include "kernels/common/frag_dequant.cuh"
@@ -56,9 +50,6 @@ inline constexpr int kBlocksPerSm = 2;   // two co-resident CTAs: 16 warps per S
 inline constexpr int kMaxExperts = 1024; // E_local
 inline constexpr int kMaxGroups = 2;     // route groups of 8 per pass (template kG ≤ this)
 inline constexpr int kMaxFc2Parts = 4;   // CTAs that share one FC2 item's experts (fc2_parts)
-// Grid barriers per launch: the barrier epoch's growth per launch, which the CTA-rank registry's
-// launch tags step by (cta_rank.h).
-inline constexpr unsigned kGridSyncs = 2;
 // T·K each variant accepts: its shared-memory route lists and FC2 sums grow with it (SmemT). The f16
 // path has no lookup tables, so 1024 routes still leave two CTAs per SM; the bf16 path's 40 KB of
 // tables do not (1024 routes there: ~150 KB, one CTA per SM).
@@ -94,7 +85,6 @@ struct Params {
   __nv_bfloat16* a2;  // [zero_row + 1][i_pad]
   int zero_row;
   GridBarrier barrier;
-  CtaRanks ranks;  // CTA-rank registry (common/cta_rank.h), sm_slots = the device's SM count
   // FC2 items split over fc2_parts CTAs by touched-expert range when there are fewer items (h_pad / 16)
   // than half the grid: parts 1.. leave their routes' sums in fc2_scratch [h_pad / 16][zero_row][16]
   // and publish fc2_flags[rt · kMaxFc2Parts + part] = this launch's barrier epoch; part 0 adds all.
@@ -109,10 +99,9 @@ inline constexpr int kTraceStamps = 7;  // %globaltimer at start, setup, phase 0
 // ns summed over the CTA's items: FC1 GEMM (to the partial sums' barrier), FC1 epilogue + Q2, FC2 GEMM
 // (to the sums' barrier), FC2 hand-over + top-k sum.
 inline constexpr int kTraceSums = 4;
-// Where the work ran: the CTA's %smid, its FC1 items, its FC2 items (how evenly items spread over
-// SMs, not only over CTAs), its rank, and 1 if the ranks came from the registry's tickets (0: the
-// fallback rank = blockIdx.x, cta_rank.h).
-inline constexpr int kTraceWhere = 5;
+// Where the work ran: the CTA's %smid, its FC1 items and its FC2 items (how evenly items spread over
+// SMs, not only over CTAs).
+inline constexpr int kTraceWhere = 3;
 inline constexpr int kTraceSlots = kTraceStamps + kTraceSums + kTraceWhere;
 
 // The bf16 path's lookup tables (common/frag_dequant.cuh) follow Smem in dynamic shared memory; the
@@ -133,7 +122,6 @@ struct alignas(16) SmemT {
   int start[kMaxExperts + 1];  // their route-list offsets
   int list[kR];                // route indices grouped by expert
   int num_touched;
-  int rank;                    // the CTA's rank (common/cta_rank.h), from the first grid barrier on
   // Staged once in setup so no later phase waits on a dependent global load (ids → expert → scale):
   int route_slot[kR];          // route r's expert slot in `touched`, or -1 (id outside the local range)
   float route_w[kR];           // its router weight
@@ -530,15 +518,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem<kF16>& sm = *reinterpret_cast<Smem<kF16>*>(smem_raw);
   stamp(p, 0);
-  unsigned smid;
-  asm("mov.u32 %0, %%smid;" : "=r"(smid));
-  where(p, 0, smid);
-  CtaRankState rank_state{};
-  if (threadIdx.x == 0) rank_state = rank_begin(p.barrier);
+  if (p.trace != nullptr) {
+    unsigned smid;
+    asm("mov.u32 %0, %%smid;" : "=r"(smid));
+    where(p, 0, smid);
+  }
   if (!kF16) fill_frag_tables(tables(sm), p.nvfp4, threadIdx.x >> 5, kWarps);
   build_routing(p, sm);
   const int nt = sm.num_touched;
-  if (threadIdx.x == 0) rank_arrive(rank_state, p.ranks, kGridSyncs, smid);
   stamp(p, 1);
 
   // Phase 0: quantise each routed row of x with its expert's FC1 input scale, one warp per
@@ -551,24 +538,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
       if (slot >= 0) quantize_cols<kF16>(p, r, i % nc, sm.g1[slot]);
     }
   }
-  if (threadIdx.x == 0) rank_take_ticket(rank_state);
   stamp(p, 2);
   grid_sync(p.barrier);
   stamp(p, 3);
-  if (threadIdx.x == 0) {
-    bool from_tickets;
-    sm.rank = rank_after_barrier(rank_state, &from_tickets);
-    where(p, 3, sm.rank);
-    where(p, 4, from_tickets);
-  }
-  __syncthreads();
-  const int rank = sm.rank;
 
-  // Phase 1: FC1 + epilogue per (expert, 32 intermediate columns), expert-major so that the first
-  // ranks (one CTA per SM) take one expert's neighbouring weight rows.
+  // Phase 1: FC1 + epilogue per (expert, 32 intermediate columns), expert-major so neighbouring
+  // CTAs stream neighbouring weight rows.
   const int C32 = p.i_pad / 32;
-  where(p, 1, rank < nt * C32 ? (nt * C32 - 1 - rank) / gridDim.x + 1 : 0);
-  for (int item = rank; item < nt * C32; item += gridDim.x) {
+  where(p, 1, blockIdx.x < nt * C32 ? (nt * C32 - 1 - blockIdx.x) / gridDim.x + 1 : 0);
+  for (int item = blockIdx.x; item < nt * C32; item += gridDim.x) {
     if (p.gated) fc1_item<kG, true, kF16>(p, sm, item / C32, item % C32);
     else fc1_item<kG, false, kF16>(p, sm, item / C32, item % C32);
   }
@@ -576,13 +554,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   grid_sync(p.barrier);
   stamp(p, 5);
 
-  // Phase 2: FC2 + top-k sum per 16 output columns. A split item's part and columns come from the
-  // item index (so the hand-over pairs the same parts whichever CTAs run them); with fc2_parts > 1,
-  // items2 ≤ gridDim.x, so a CTA holds at most one item and never waits on itself.
+  // Phase 2: FC2 + top-k sum per 16 output columns.
   const int KC2 = fc2_chunks(nt, p.i_pad / 64, p.routes, Smem<kF16>::kFc2Slots);
   const int items2 = p.h_pad / 16 * p.fc2_parts;
-  where(p, 2, rank < items2 ? (items2 - 1 - rank) / gridDim.x + 1 : 0);
-  for (int item = rank; item < items2; item += gridDim.x)
+  where(p, 2, static_cast<int>(blockIdx.x) < items2 ? (items2 - 1 - blockIdx.x) / gridDim.x + 1 : 0);
+  for (int item = blockIdx.x; item < items2; item += gridDim.x)
     fc2_item<kG, kF16>(p, sm, item / p.fc2_parts, item % p.fc2_parts, KC2);
   stamp(p, 6);
 }
