@@ -45,10 +45,11 @@ class GpuRunner final : public Runner {
     // dynamic (prefill, wgmma) has no buffers of its own (generic's routing, gather and combine
     // buffers serve it); its workspace records whether the device can run it.
     if (o.backend == Backend::kDynamic || o.backend == Backend::kAuto) dyn_ = std::make_unique<DynamicWorkspace>(device_);
-    // The bf16 copy only where a call can take it: dynamic runs here and max_tokens reaches the line.
-    if (dyn_ && dynamic_supports(*dyn_, nullptr) && o.prefill_bf16_bytes > 0 &&
-        o.max_tokens * c.top_k >= o.prefill_bf16_min_rows * c.num_experts)
-      reserve_dynamic_bf16(*dyn_, c, *w_, o.prefill_bf16_bytes, o.prefill_bf16_min_rows);
+    // The budget is checked wherever dynamic runs; the copy is allocated only where a call can take
+    // it (max_tokens reaches the line).
+    if (dyn_ && dynamic_supports(*dyn_, nullptr) && o.prefill_bf16_bytes > 0)
+      reserve_dynamic_bf16(*dyn_, c, *w_, o.prefill_bf16_bytes, o.prefill_bf16_min_rows,
+                           o.max_tokens * c.top_k >= o.prefill_bf16_min_rows * c.num_experts);
   }
 
   Backend select(int64_t T) const override {

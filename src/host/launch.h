@@ -76,9 +76,10 @@ int dynamic_n_tiles(const kernels::MoeGemmParams& p, bool fc1);
 // The bf16 path (launch_dynamic_bf16.cu). Bytes of one expert's bf16 copy for the larger GEMM.
 int64_t dynamic_bf16_expert_bytes(const MoeConfig& c, const DeviceWeights& w);
 // Reserves the copy for as many whole local experts as `budget` bytes hold; InvalidArgument naming
-// options.prefill_bf16_bytes when it holds none. min_rows: routes per expert from which calls take it.
+// options.prefill_bf16_bytes when it holds none. min_rows: routes per expert from which calls take
+// it. reachable = false (max_tokens below the line): the budget is checked, nothing is allocated.
 void reserve_dynamic_bf16(DynamicWorkspace& ws, const MoeConfig& c, const DeviceWeights& w, int64_t budget,
-                          int64_t min_rows);
+                          int64_t min_rows, bool reachable);
 bool dynamic_uses_bf16(const MoeConfig& c, const DynamicWorkspace& ws, int64_t tokens);
 // Shared memory of the bf16 GEMM, and its once-per-device opt-in (DynamicWorkspace's constructor).
 size_t dynamic_bf16_smem_bytes();

@@ -61,11 +61,12 @@ int64_t dynamic_bf16_expert_bytes(const MoeConfig& c, const DeviceWeights& w) {
 }
 
 void reserve_dynamic_bf16(DynamicWorkspace& ws, const MoeConfig& c, const DeviceWeights& w, int64_t budget,
-                          int64_t min_rows) {
+                          int64_t min_rows, bool reachable) {
   const int64_t per_expert = dynamic_bf16_expert_bytes(c, w);
   FP4MOE_REQUIRE(budget >= per_expert, InvalidArgument, "options.prefill_bf16_bytes", "holds ", budget,
                  " bytes, less than one expert's bf16 weights (", per_expert, " bytes for ", c.to_string(),
                  "); give at least that, or 0 to never dequantise once per call");
+  if (!reachable) return;
   ws.bf16_group = static_cast<int>(std::min<int64_t>(c.local_count(), budget / per_expert));
   ws.bf16_min_rows = min_rows;
   ws.w_bf16 = DeviceBuffer(static_cast<size_t>(ws.bf16_group * per_expert), "workspace.prefill_bf16");
