@@ -13,7 +13,7 @@ namespace {
 
 namespace db = kernels::dynamic_bf16;
 
-constexpr size_t kSmemBytes = sizeof(db::Smem);
+constexpr size_t kSmemBytes = sizeof(db::Smem) + db::kSmemAlign;  // slack to align the tiles to 1024 B
 
 // The shape fields of one GEMM's parameters that fix its weight tiles (dynamic_n_tiles, k_pad).
 kernels::MoeGemmParams gemm_shape(const MoeConfig& c, const DeviceWeights& w, bool fc1) {

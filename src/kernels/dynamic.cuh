@@ -83,6 +83,8 @@ static_assert(sizeof(Smem) <= 227 * 1024, "past the sm_90 opt-in shared memory p
 
 // cp.async of the stage's activation tile: rows row0 + m (m < valid; the rest zero-filled),
 // k = kt·64 ...
+// kSw128: the tile in the 128B-swizzled layout (wgmma_layout.h sw128_offset, the bf16 path) instead.
+template <bool kSw128 = false>
 __device__ __forceinline__ void copy_a(const MoeGemmParams& p, __nv_bfloat16* tile, int row0, int valid, int kt, int t) {
   unsigned char* base = reinterpret_cast<unsigned char*>(tile);
 #pragma unroll
@@ -90,7 +92,8 @@ __device__ __forceinline__ void copy_a(const MoeGemmParams& p, __nv_bfloat16* ti
     const wgmma::ChunkCoord cc = wgmma::a_copy_chunk(BM, t, i);
     const bool ok = cc.m < valid;
     const __nv_bfloat16* src = p.a + static_cast<int64_t>(row0 + (ok ? cc.m : 0)) * p.k_pad + kt * BK + cc.kc * 8;
-    ptx::cp_async_16(base + wgmma::kmajor_offset(BM, cc.m, 8 * cc.kc), src, ok ? 16 : 0);
+    const uint32_t dst = kSw128 ? wgmma::sw128_offset(cc.m, 8 * cc.kc) : wgmma::kmajor_offset(BM, cc.m, 8 * cc.kc);
+    ptx::cp_async_16(base + dst, src, ok ? 16 : 0);
   }
 }
 

@@ -15,11 +15,15 @@
 //                    both wgmma operands come from shared memory: per stage the producer moves the
 //                    n-tile's 128 × 64 weight tile with one bulk copy (TMA engine, no tensor map: the
 //                    copy already holds the shared-memory image) and the activation tile with
-//                    cp.async, as dynamic does.
+//                    cp.async into the same layout.
+//
+// Both operands are K-major with the 128-byte swizzle (wgmma_layout.h sw128_offset), the layout of
+// the fast Hopper GEMMs. With the no-swizzle layout this GEMM measured no faster than the register
+// path that dequantises in its k-loop (~32 % of the bf16 rate at mixtral T = 16384, NOTES session 6).
 //
 // The bf16 copy, per group of experts: tile (slot, y, kt) of BN weight rows (the n-tile's virtual
 // rows, moe_gemm.cuh weight_row: a gated FC1 tile is 64 up rows then their 64 gate rows) × BK k, in
-// wgmma's K-major no-swizzle layout (wgmma_layout.h), 16 KB each, tiles in (slot, y, kt) order.
+// the 128B-swizzled K-major layout (wgmma_layout.h), 16 KB each, tiles in (slot, y, kt) order.
 // Rows past w_rows are zeros.
 //
 // Work order: bands of kBand m-tiles × all n-tiles, m-tile fastest inside a band. The CTAs in
@@ -101,14 +105,17 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams 
       for (int r = 0; r < 4; ++r) {  // register r: row g + 8·(r & 1), k 16t + 8·(r >> 1) + 2c
         const uint32_t v = ok ? hmul2_bf16_bits(e2m1.v[(words[t] >> (8 * r)) & 0xFF], s2[r]) : 0u;
         const int row = v0 + g + 8 * (r & 1), k = 16 * t + 8 * (r >> 1) + 2 * cq;
-        *reinterpret_cast<uint32_t*>(dst + wgmma::kmajor_offset(BN, row, k)) = v;
+        *reinterpret_cast<uint32_t*>(dst + wgmma::sw128_offset(row, k)) = v;
       }
     }
   }
 }
 
 // ---- the GEMM ---------------------------------------------------------------------------------------
-struct Smem {
+// Tiles in the 128B-swizzled layout, so each starts 1024-byte aligned: the kernel aligns its dynamic
+// shared memory up to 1024 bytes (kSmemAlign of slack in the launch's size).
+inline constexpr uint32_t kSmemAlign = wgmma::kSw128Atom;
+struct alignas(1024) Smem {
   __nv_bfloat16 a[kStages][BM * BK];   // activation tiles (cp.async, generic proxy, fenced)
   __nv_bfloat16 w[kStages][BN * BK];   // weight tiles (bulk copies, async proxy)
   float c[BM * kLdc];                  // epilogue staging (dynamic::finish_tile)
@@ -142,7 +149,7 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem& sm, int n_
         ptx::mbar_arrive_expect_tx(&sm.full[s], kWTileBytes);
         ptx::bulk_copy_g2s(sm.w[s], wsrc + static_cast<int64_t>(kt) * kWTileElems, kWTileBytes, &sm.full[s]);
       }
-      dynamic::copy_a(p, sm.a[s], ti.row0, ti.valid, kt, t);
+      dynamic::copy_a<true>(p, sm.a[s], ti.row0, ti.valid, kt, t);
       ptx::cp_async_commit();  // one group per stage
       dynamic::hand_over(sm.full, it);
     }
@@ -174,8 +181,8 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
       const uint32_t a_tile = a_base + s * wgmma::tile_bytes(BM), w_tile = w_base + s * kWTileBytes;
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        ptx::mma_m64n128k16_bf16(acc, wgmma::operand_desc(w_tile, BN, 64 * c, ks),
-                                 wgmma::operand_desc(a_tile, BM, 0, ks), (kt | ks) != 0);
+        ptx::mma_m64n128k16_bf16(acc, wgmma::operand_desc_sw128(w_tile, 64 * c, ks),
+                                 wgmma::operand_desc_sw128(a_tile, 0, ks), (kt | ks) != 0);
       ptx::wgmma_commit();
       ptx::fence_operand(acc);
       ptx::wgmma_wait<1>();  // stage it - 1's group is done: its tiles are free
@@ -192,8 +199,9 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
 // n_tiles as dynamic's; the group (expert_base, expert_count, w_bf16) in p; watchdog as dynamic's.
 template <bool kFc1>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(MoeGemmParams p, int n_tiles, int* watchdog) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t pad = (kSmemAlign - (ptx::smem_addr(smem_raw) & (kSmemAlign - 1))) & (kSmemAlign - 1);
+  Smem& sm = *reinterpret_cast<Smem*>(smem_raw + pad);
   if (threadIdx.x == 0) dynamic::init_pipeline(sm.full, sm.empty, kWarpgroup + 1, &sm.aborted);  // + the bulk copy's
   __syncthreads();
   const ptx::Watchdog wd{&sm.aborted, watchdog};

@@ -170,5 +170,33 @@ TEST(WgmmaLayout, ProducerBStoresOfAWarpAreContiguous) {
     }
 }
 
+// The 128B swizzle (PTX ISA swizzling modes, written out again): in an atom of 8 rows × 128 bytes the
+// 16-byte chunk c of row i sits at chunk c ^ i, i.e. address bits [4, 7) ^= bits [7, 10).
+TEST(WgmmaLayout, Swizzle128IsTheAddressXorOfTheRowMajorTile) {
+  std::set<uint32_t> seen;
+  for (int r = 0; r < 128; ++r)
+    for (int k = 0; k < wg::kTileK; ++k) {
+      const uint32_t plain = r * 128 + k * 2;  // the row-major tile: 128 bytes per row
+      const uint32_t swizzled = plain ^ (((plain >> 7) & 7) << 4);
+      ASSERT_EQ(wg::sw128_offset(r, k), swizzled) << "(" << r << ", " << k << ")";
+      ASSERT_TRUE(seen.insert(swizzled).second);
+    }
+  EXPECT_EQ(seen.size() * 2, wg::tile_bytes(128));
+}
+
+TEST(WgmmaLayout, Swizzle128DescriptorStartsAtTheAtomRowAndStepsK) {
+  for (uint32_t tile : {0x0u, 0x400u, 0x8000u, 0x30000u})
+    for (int r0 : {0, 64})
+      for (int ks = 0; ks < 4; ++ks) {
+        const DecodedDesc d = decode(wg::operand_desc_sw128(tile, r0, ks));
+        // Unswizzled address of the operand's element (0, 0): the hardware applies the XOR itself.
+        EXPECT_EQ(d.start, tile + r0 * 128 + 32 * ks);
+        EXPECT_EQ(d.sbo, 1024u) << "8-row groups are one atom apart";
+        EXPECT_EQ(d.swizzle, 1u) << "mode 1 is the 128-byte swizzle";
+        EXPECT_EQ(d.base_offset, 0u) << "tiles are 1024-byte aligned";
+        EXPECT_EQ(d.reserved, 0u);
+      }
+}
+
 }  // namespace
 }  // namespace fp4moe

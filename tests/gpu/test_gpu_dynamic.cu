@@ -51,14 +51,17 @@ using testgpu::device_is_sm90;
 // ---- layer 1: one wgmma k-loop in one warpgroup ---------------------------------------------------
 
 // a: [128][64] bf16 bits (tile rows; the operand is rows [r0, r0 + 64)), b: [128][64], d: [64][128].
-__global__ void wgmma_probe_kernel(const uint16_t* a, const uint16_t* b, int r0, bool swap_lbo_sbo, float* d) {
-  __shared__ __align__(128) unsigned char sa[128 * 64 * 2];
-  __shared__ __align__(128) unsigned char sb[128 * 64 * 2];
+// sw128: both tiles in the 128B-swizzled layout (sw128_offset / operand_desc_sw128) instead.
+__global__ void wgmma_probe_kernel(const uint16_t* a, const uint16_t* b, int r0, bool swap_lbo_sbo, bool sw128,
+                                   float* d) {
+  __shared__ __align__(1024) unsigned char sa[128 * 64 * 2];
+  __shared__ __align__(1024) unsigned char sb[128 * 64 * 2];
   const int t = threadIdx.x;
   for (int idx = t; idx < 128 * 64; idx += blockDim.x) {
     const int r = idx / 64, k = idx % 64;
-    *reinterpret_cast<uint16_t*>(sa + wg::kmajor_offset(128, r, k)) = a[idx];
-    *reinterpret_cast<uint16_t*>(sb + wg::kmajor_offset(128, r, k)) = b[idx];
+    const uint32_t o = sw128 ? wg::sw128_offset(r, k) : wg::kmajor_offset(128, r, k);
+    *reinterpret_cast<uint16_t*>(sa + o) = a[idx];
+    *reinterpret_cast<uint16_t*>(sb + o) = b[idx];
   }
   kernels::ptx::fence_proxy_async_smem();
   __syncthreads();
@@ -70,6 +73,7 @@ __global__ void wgmma_probe_kernel(const uint16_t* a, const uint16_t* b, int r0,
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
     uint64_t da = wg::operand_desc(a_addr, 128, r0, ks), db = wg::operand_desc(b_addr, 128, 0, ks);
+    if (sw128) da = wg::operand_desc_sw128(a_addr, r0, ks), db = wg::operand_desc_sw128(b_addr, 0, ks);
     if (swap_lbo_sbo) {
       da = wg::make_desc(a_addr + wg::kmajor_offset(128, r0, 16 * ks), wg::kSbo, wg::kmajor_lbo(128));
       db = wg::make_desc(b_addr + wg::kmajor_offset(128, 0, 16 * ks), wg::kSbo, wg::kmajor_lbo(128));
@@ -111,12 +115,12 @@ int64_t count_wrong(const std::vector<uint16_t>& a, int r0, const std::vector<ui
 
 // Runs the probe; returns the number of elements that differ from the exact product.
 int64_t run_probe(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, int r0, bool swap,
-                  std::string* first_bad) {
+                  std::string* first_bad, bool sw128 = false) {
   DeviceArray<uint16_t> da(a), db(b);
   DeviceArray<float> dd(64 * 128);
   const uint32_t poison = testkit::kPoisonF32;
   dd.fill_bytes(&poison, 4);
-  wgmma_probe_kernel<<<1, 128>>>(da.get(), db.get(), r0, swap, dd.get());
+  wgmma_probe_kernel<<<1, 128>>>(da.get(), db.get(), r0, swap, sw128, dd.get());
   if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("wgmma_probe_kernel failed");
   return count_wrong(a, r0, b, dd.download(), first_bad);
 }
@@ -134,6 +138,18 @@ TEST(GpuWgmmaProbe, DescriptorsAndAccumulatorLayoutGiveTheExactProduct) {
                     << ". With LBO and SBO exchanged: " << bad_swapped << " wrong"
                     << (bad_swapped == 0 ? " -> the descriptor fields are swapped in wgmma_layout.h" : "");
     }
+  }
+}
+
+// The same product with both tiles in the 128B-swizzled layout (the bf16 path's).
+TEST(GpuWgmmaProbe, Swizzle128DescriptorsGiveTheExactProduct) {
+  REQUIRE_SM90();
+  const std::vector<uint16_t> a = small_ints(128 * 64, 7), b = small_ints(128 * 64, 70);
+  for (int r0 : {0, 64}) {
+    std::string first;
+    const int64_t bad = run_probe(a, b, r0, false, &first, true);
+    EXPECT_EQ(bad, 0) << "rows [" << r0 << ", " << r0 + 64 << "): " << bad << " of 8192 elements wrong, first: "
+                      << first;
   }
 }
 

@@ -58,6 +58,20 @@ FP4MOE_HD uint64_t operand_desc(uint32_t tile_addr, int rows, int r0, int ks) {
   return make_desc(tile_addr + kmajor_offset(rows, r0, 16 * ks), kmajor_lbo(rows), kSbo);
 }
 
+// ---- the 128-byte swizzle (K-major, bf16, 64 k per row: one swizzle atom wide) -----------------------
+// PTX ISA "Shared Memory Matrix Layout", swizzling modes: a 128B-swizzled K-major tile is rows of 128
+// bytes (64 bf16 k), in atoms of 8 rows = 1024 bytes; inside an atom the 16-byte chunk c of row i is
+// stored at chunk c ^ i. The XOR is applied to address bits [4, 7) from bits [7, 10), so a tile must
+// start 1024-byte aligned. wgmma reads a k16 step at start + 32·ks (the hardware swizzles the
+// addresses it forms), 8-row groups SBO = 1024 bytes apart; LBO is unused in this mode (encoded 1).
+inline constexpr uint32_t kSw128Atom = 1024;
+FP4MOE_HD uint32_t sw128_offset(int r, int k) {
+  return static_cast<uint32_t>((r >> 3) * kSw128Atom + (r & 7) * 128 + ((((k >> 3) ^ r) & 7) << 4) + (k & 7) * 2);
+}
+FP4MOE_HD uint64_t operand_desc_sw128(uint32_t tile_addr, int r0, int ks) {
+  return make_desc(tile_addr + (r0 >> 3) * kSw128Atom + 32 * ks, 16, kSw128Atom) | (uint64_t{1} << 62);
+}
+
 // The fp32 accumulator of wgmma .m64nNk16 (PTX ISA "Register Fragments and Shared Memory Matrix
 // Layouts", matrix D): thread t of the warpgroup (warp w = t / 32, lane l) holds N/2 floats; float i
 // is at row 16·w + l/4 + 8·((i/2) % 2), column 8·(i/4) + 2·(l % 4) + i % 2.
