@@ -31,7 +31,10 @@ struct RunnerOptions {
   // must hold at least one expert's larger GEMM (InvalidArgument otherwise); the runner reserves
   // no more than all local experts need, and nothing when max_tokens never reaches the line.
   int64_t prefill_bf16_bytes = 0;
-  int64_t prefill_bf16_min_rows = 512;
+  // The default line, from the H200 (bench/results/NOTES.md session 6, 128B-swizzled path): the copy
+  // won at mixtral-8x7b T = 16384 (4096 routes per expert: 39.0 against 42.2 ms) and lost at
+  // qwen3-30b-a3b T = 16384 (1024 per expert: 7.92 against 7.50 ms) and below.
+  int64_t prefill_bf16_min_rows = 2048;
 };
 
 // Owns prepared weights, a workspace sized for max_tokens and the per-T plan. run() allocates

@@ -11,18 +11,21 @@ namespace {
 
 // kAuto, from the crossover sweep bench/results/h200-crossover-20261202.md (five named shapes,
 // T = 8…512, direct_micro / dynamic / generic forced, same inputs):
-//  - direct_micro up to T·K = 512 routes (its bf16 variant's capacity; the f16 variant, NVFP4-a4,
-//    takes 1024 when forced, but no sweep has covered 513…1024 yet) while the mean touched expert
-//    has at most kDirectMicroMaxRoutesPerExpert routes (T·K over at most min(E_local, T·K) touched
-//    experts): it streams each expert's weights once per 8–16 routes, so its cost grows with routes
-//    per expert.
+//  - direct_micro up to its variant's capacity (T·K = 1024 routes for the f16 variant, NVFP4-a4;
+//    512 for the bf16 one) while the mean touched expert has at most kDirectMicroMaxRoutesPerExpert
+//    routes (T·K over at most min(E_local, T·K) touched experts): it streams each expert's weights
+//    once per 8–16 routes, so its cost grows with routes per expert.
 //    Within that rule it won 24 of the sweep's 25 points by 1.17–3.3× and lost one (llama4-scout
 //    T = 512, 7 %); mixtral-8x7b T = 256 (64 per expert) goes to dynamic, 1.4× faster there.
+//    At 513…1024 routes (h200-crossover-20261203.md, h200-dm1024-20261203.md, session 6's dynamic):
+//    inside the rule direct_micro won every point, qwen3-30b-a3b T = 128 350.7 against 517.3 µs,
+//    gpt-oss-120b T = 192 / 256 1358 / 1691 against 2172 / 2174 µs; outside it (mixtral-8x7b
+//    T = 384 / 512, 384 / 512 routes per expert) dynamic was 2.4–2.9× faster.
 //  - dynamic above that on sm_90 (wgmma): faster than generic at 34 of the sweep's 35 points (up to
 //    1.4×) and 1.3–1.8× faster at T = 2048–16384 (h200-prefill-20261202-2prod.md against
 //    h200-nvfp4-a4-all-20261202.md); 4 % slower at qwen3-30b-a3b T = 512.
 //  - generic where dynamic cannot run (not sm_90).
-constexpr int64_t kDirectMicroMaxRoutes = 512;
+constexpr int64_t kDirectMicroMaxRoutes = 1024;
 constexpr int64_t kDirectMicroMaxRoutesPerExpert = 32;
 
 class GpuRunner final : public Runner {

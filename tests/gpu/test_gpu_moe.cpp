@@ -569,11 +569,11 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
   const Problem p = testkit::make_problem({c, 4, 71});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
   MoeRunner r(c, w, {.max_tokens = 4096});
-  // kAuto: direct_micro up to 512 routes while ≤ 32 per touched expert, then dynamic on sm_90,
-  // generic elsewhere (gpu_runner.cpp, the measured crossover).
-  for (int64_t T : {1, 8, 64}) EXPECT_EQ(r.plan(T), Backend::kDirectMicro) << T;
-  // 1024 routes (T = 128) stay off direct_micro, though this config's f16 variant takes them forced.
-  for (int64_t T : {65, 128, 4096})
+  // kAuto: direct_micro up to the variant's capacity (here the f16 variant's 1024 routes) while ≤ 32
+  // per touched expert, then dynamic on sm_90, generic elsewhere (gpu_runner.cpp, the measured
+  // crossovers).
+  for (int64_t T : {1, 8, 64, 65, 128}) EXPECT_EQ(r.plan(T), Backend::kDirectMicro) << T;
+  for (int64_t T : {129, 4096})
     EXPECT_EQ(r.plan(T), device_is_sm90() ? Backend::kDynamic : Backend::kGeneric) << T;
   EXPECT_EQ(MoeRunner(c, w, {.max_tokens = 64, .backend = Backend::kGeneric}).plan(1), Backend::kGeneric);
   // Forced: each variant's capacity (NVFP4-a4: the f16 variant, 1024 routes; a16: bf16, 512).
