@@ -100,3 +100,23 @@ def test_fused_moe_cuda_matches_wrapper():
     pw = prepared(c, p, 0)
     cpp = _ext._run_cpp(c, pw, p["x"], p["ids"], p["topk_weights"], "auto", True)
     np.testing.assert_array_equal(a.view(torch.int16).cpu().numpy().view(np.uint8).reshape(-1), cpp)
+
+
+@pytest.mark.parametrize("case", CASES[:2] + CASES[3:], ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_prefill_bf16_copy_matches_reference(case):
+    # The dynamic backend's bf16 copy (prefill_bf16_bytes), taken from one route per expert on.
+    c = make_config(E=8, H=256, I=128, K=4, **case)
+    T = 64
+    p = problem(c, T=T, seed=11)
+    pw = prepared(c, p, 0)
+    runner = _ext.Runner(c, pw, max_tokens=T, backend="dynamic", prefill_bf16_bytes=1 << 30, prefill_bf16_min_rows=1)
+    assert runner.plan_bf16_copy(T) and not runner.plan_bf16_copy(1)
+    x = torch.from_numpy(p["x"].astype(np.int16)).view(torch.bfloat16).cuda()
+    out = torch.empty(T, c.hidden, dtype=torch.bfloat16, device="cuda")
+    runner.run(x, torch.from_numpy(p["ids"]).cuda(), torch.from_numpy(p["topk_weights"]).cuda(), out,
+               torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    got = out.view(torch.int16).cpu().numpy().view(np.uint16).reshape(-1)
+    _, r = reference_bf16(c, problem(c, T=T, seed=11), p["w13_scale_layout"], p["gate_up"])
+    o = fp4moe.bf16_to_float(got).astype(np.float64).reshape(r.shape)
+    assert np.linalg.norm(o - r) <= 1.5e-2 * np.linalg.norm(r)
