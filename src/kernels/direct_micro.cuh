@@ -274,7 +274,9 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem<kF16>& s
                                             const uint8_t* const (&sc)[kS], int KT,
                                             const __nv_bfloat16* const (&brow)[kG], float (&acc)[kS][kG][4]) {
   const int lane = threadIdx.x & 31, c = lane & 3;
-  const int sb = 64 / p.block;  // scale bytes per row per tile: 4 (NVFP4) or 2 (MX)
+  // Scale bytes per row per tile: 4 (NVFP4) or 2 (MX); a constant on the f16 path (NVFP4 only), so
+  // frag_scales' MX spreading drops out of its loop.
+  const int sb = kF16 ? 4 : 64 / p.block;
   const FragLut lut = frag_lut(tables(sm));  // bf16 path only (the f16 launch has no tables)
   for (int kt0 = 0; kt0 < KT; kt0 += kU) {
     uint4 wv[kU][kS];
