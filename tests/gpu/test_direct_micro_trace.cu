@@ -80,6 +80,23 @@ void print_phases(const char* what, const std::vector<unsigned long long>& t, in
     std::printf(" %s %llu items on %llu of %llu SMs, max %llu (even: %llu)", k == 0 ? "fc1" : " fc2", items, busy,
                 sms, mx, (items + sms - 1) / sms);
   }
+  // FC2's tail: the CTAs with FC2 work, slowest and fastest by their FC2 GEMM time, with their SM,
+  // their item count (the item is the block index when the count is 1: items ≤ grid) and when they
+  // left barrier 2 (µs after the first CTA started). What the slow ones share is the question.
+  std::vector<int> fc2;
+  for (int b = 0; b < grid; ++b)
+    if (t[b * kSlots + kStamps + kSums + 2] > 0) fc2.push_back(b);
+  std::sort(fc2.begin(), fc2.end(), [&](int a, int b) { return t[a * kSlots + kStamps + 2] > t[b * kSlots + kStamps + 2]; });
+  const auto show = [&](const char* label, int from, int to) {
+    std::printf("\n  %-26s", label);
+    for (int i = std::max(from, 0); i < std::min<int>(to, static_cast<int>(fc2.size())); ++i) {
+      const int b = fc2[i];
+      std::printf(" [b%d sm%llu n%llu @%.1f %.2f]", b, t[b * kSlots + kStamps + kSums],
+                  t[b * kSlots + kStamps + kSums + 2], (t[b * kSlots + 5] - t0) / 1e3, t[b * kSlots + kStamps + 2] / 1e3);
+    }
+  };
+  show("  fc2 slowest [block sm items @start gemm]", 0, 6);
+  show("  fc2 fastest", static_cast<int>(fc2.size()) - 6, static_cast<int>(fc2.size()));
   std::printf("\n");
 }
 
