@@ -110,7 +110,7 @@ BenchRow bench_point_gpu(const Point& point, const PreparedWeights& weights, con
   // fp4moe.
   try {
     MoeRunner runner(c, weights, runner_options(ctx.args, backend, T));
-    row.backend = std::string(to_string(runner.plan(T))) + (runner.plan_bf16_copy(T) ? " (bf16 copy)" : "");
+    row.backend = backend_label(runner, T);
     auto call = [&](cudaStream_t s, int set) {
       runner.run(d.x_set(set), d.ids_set(set), IndexType::kInt32, d.w_set(set), d.out.get(), T, s);
     };

@@ -67,7 +67,7 @@ CheckRow check_point(const Point& point, const PreparedWeights& weights, bool gp
   try {
     const testkit::Inputs in = build_inputs(point, T, seed, args.threads);
     MoeRunner runner(c, weights, runner_options(args, args.backend, T));
-    row.backend = std::string(to_string(runner.plan(T))) + (runner.plan_bf16_copy(T) ? " (bf16 copy)" : "");
+    row.backend = backend_label(runner, T);
     const std::vector<uint16_t> out = run_once(in, c, runner, gpu);
 
     const std::vector<int64_t> rows = sample_rows(T, seed);

@@ -99,6 +99,10 @@ RunnerOptions runner_options(const Args& args, Backend backend, int64_t tokens) 
   return o;
 }
 
+std::string backend_label(const MoeRunner& runner, int64_t tokens) {
+  return std::string(to_string(runner.plan(tokens))) + (runner.plan_bf16_copy(tokens) ? " (bf16 copy)" : "");
+}
+
 const std::vector<int64_t>& protocol_tokens() {
   static const std::vector<int64_t> t = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 16384};
   return t;

@@ -56,6 +56,9 @@ struct Args {
 // The runner options of one point of check or bench: `backend`, a workspace for T tokens, and the
 // flags that map onto RunnerOptions.
 RunnerOptions runner_options(const Args& args, Backend backend, int64_t tokens);
+// The backend column of a check or bench row: the planned backend, "(bf16 copy)" when the call
+// dequantises once into dynamic's bf16 copy.
+std::string backend_label(const MoeRunner& runner, int64_t tokens);
 
 // Parses argv; throws UsageError. `--help` anywhere sets command = "help".
 Args parse_args(int argc, char** argv);

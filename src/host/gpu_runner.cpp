@@ -40,11 +40,9 @@ class GpuRunner final : public Runner {
     // direct_micro's workspace only where a call can reach it: forced, or picked by kAuto.
     const bool dm_reachable =
         o.backend == Backend::kDirectMicro || (o.backend == Backend::kAuto && kDirectMicroMaxRoutes > 0);
-    // Sized for the routes a call can bring: the variant's capacity when forced, else kAuto's line.
+    // Sized for the variant's capacity, which kAuto's line (kDirectMicroMaxRoutes) reaches too.
     if (dm_reachable && direct_micro_supports(c, 1, nullptr))
-      dm_ = o.backend == Backend::kDirectMicro
-                ? std::make_unique<DirectMicroWorkspace>(c, *w_, o.max_tokens)
-                : std::make_unique<DirectMicroWorkspace>(c, *w_, o.max_tokens, kDirectMicroMaxRoutes);
+      dm_ = std::make_unique<DirectMicroWorkspace>(c, *w_, o.max_tokens);
     // dynamic (prefill, wgmma) has no buffers of its own (generic's routing, gather and combine
     // buffers serve it); its workspace records whether the device can run it.
     if (o.backend == Backend::kDynamic || o.backend == Backend::kAuto) dyn_ = std::make_unique<DynamicWorkspace>(device_);

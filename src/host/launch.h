@@ -5,7 +5,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <limits>
 #include <string>
 
 #include "fp4moe/config.h"
@@ -96,10 +95,8 @@ void launch_dynamic_bf16_gemm(const DynamicWorkspace& ws, const kernels::MoeGemm
 
 // ---- direct_micro: one cooperative launch for decode ---------------------------------------------
 struct DirectMicroWorkspace {
-  // Holds min(max_tokens · K, the config's variant capacity, route_limit) routes: route_limit is the
-  // most a runner's dispatch can send here (kAuto's line; by default none, as when direct_micro is forced).
-  DirectMicroWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens,
-                       int64_t route_limit = std::numeric_limits<int64_t>::max());
+  // Holds min(max_tokens · K, the config's variant capacity) routes.
+  DirectMicroWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens);
   size_t bytes() const;
   int max_routes = 0;  // routes (T·K) this workspace holds
   int grid = 0;        // co-resident CTAs of the compiled kernel on this device

@@ -55,10 +55,8 @@ bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why)
   return true;
 }
 
-DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens,
-                                           int64_t route_limit) {
-  max_routes = static_cast<int>(
-      std::min({max_tokens * c.top_k, static_cast<int64_t>(route_capacity(c)), route_limit}));
+DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens) {
+  max_routes = static_cast<int>(std::min<int64_t>(max_tokens * c.top_k, route_capacity(c)));
   // Row max_routes of a1 and a2 is the zero row that idle lanes of a route group read.
   a1 = DeviceBuffer(static_cast<size_t>(max_routes + 1) * w.h_pad * 2, "workspace.dm_a1");
   a2 = DeviceBuffer(static_cast<size_t>(max_routes + 1) * w.i_pad * 2, "workspace.dm_a2");
@@ -98,8 +96,8 @@ size_t DirectMicroWorkspace::bytes() const {
 }
 
 void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicroWorkspace& ws, const RunArgs& a) {
-  // The runner checks T·K against the variant's capacity (direct_micro_supports); the workspace may
-  // hold fewer routes (a kAuto runner's reaches only kAuto's line).
+  // The runner checks T against max_tokens and T·K against the variant's capacity
+  // (direct_micro_supports), so this holds for its calls; it guards the workspace's bounds for others.
   FP4MOE_REQUIRE(a.tokens * c.top_k <= ws.max_routes, CapacityError, "num_tokens", "T·K = ", a.tokens * c.top_k,
                  " routes is past the ", ws.max_routes, " that this runner's direct_micro workspace holds");
   dm::Params p{};

@@ -48,10 +48,9 @@ DynamicWorkspace::DynamicWorkspace(int device) {
   if (major != 9) {
     unsupported = "needs an sm_90 (Hopper) GPU for wgmma, device " + std::to_string(device) + " is sm_" +
                   std::to_string(major) + "x";
-  } else if (static_cast<size_t>(optin) < std::max(kSmemBytes, dynamic_bf16_smem_bytes())) {
-    unsupported = "needs " + std::to_string(std::max(kSmemBytes, dynamic_bf16_smem_bytes())) +
-                  " bytes of shared memory per CTA, device " + std::to_string(device) + " allows " +
-                  std::to_string(optin);
+  } else if (const size_t need = std::max(kSmemBytes, dynamic_bf16_smem_bytes()); static_cast<size_t>(optin) < need) {
+    unsupported = "needs " + std::to_string(need) + " bytes of shared memory per CTA, device " +
+                  std::to_string(device) + " allows " + std::to_string(optin);
   } else {
     dynamic_bf16_opt_in();
     // Above 48 KB a kernel must opt in, once per device (the caller has made `device` current).

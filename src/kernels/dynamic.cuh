@@ -194,7 +194,7 @@ struct WeightCopies {
 };
 template <bool kFc1>
 __device__ __forceinline__ WeightCopies weight_copies(const MoeGemmParams& p, const TileInfo& ti, int t, int sb) {
-  const int warp = t >> 5, lane = t & 31;
+  const int warp = t >> 5;
   WeightCopies wc;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {

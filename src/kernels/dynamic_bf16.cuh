@@ -65,15 +65,15 @@ FP4MOE_HD int64_t wtile_offset(int slot, int y, int kt, int n_tiles, int k_pad) 
 // ---- the dequantisation pre-pass --------------------------------------------------------------------
 // One warp per unit u = ((slot · n_tiles + y) · ktiles + kt) · 8 + q: the 16 weight rows 16q.. of
 // tile (slot, y, kt). Lane (g, c) = (lane / 4, lane % 4) holds, for k16 step t, the codes of rows
-// g, g + 8 at k 16t + 2c, +1 and 16t + 8 + 2c, +1 (frag_dequant.cuh); each of its four 4-byte
-// stores per step lands in one 128-byte core matrix with the warp's other 31.
+// g, g + 8 at k 16t + 2c, +1 and 16t + 8 + 2c, +1 (frag_dequant.cuh), and stores each register's
+// two values with one 4-byte store at their swizzled place.
 template <bool kFc1>
 __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams p, int n_tiles) {
   __shared__ E2m1x2Table e2m1;
   fill_e2m1x2_table(e2m1);
   __syncthreads();
   const int lane = threadIdx.x & 31, g = lane >> 2, cq = lane & 3;
-  const int ktiles = p.k_pad / BK, sb = 64 / p.block, row_tiles = p.w_rows / 16;
+  const int ktiles = p.k_pad / BK, sb = 64 / p.block;
   const int64_t units = static_cast<int64_t>(p.expert_count) * n_tiles * ktiles * 8;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kDequantThreads / 32);
   for (int64_t u = blockIdx.x * (kDequantThreads / 32) + (threadIdx.x >> 5); u < units; u += warps) {
@@ -85,11 +85,12 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams 
     const int e = p.expert_base + slot;
     if (p.expert_offset[e + 1] == p.expert_offset[e]) continue;  // no routed rows: never read
     const int v0 = 16 * q;
-    const bool ok = weight_row_valid<BN>(p, kFc1, y, v0);  // w_rows % 16 == 0: all 16 rows or none
+    const dynamic::RowTile rt = dynamic::row_tile<kFc1>(p, TileInfo{y, e, 0, 0}, q);  // rows v0.. of the n-tile
+    const bool ok = rt.ok;
     uint4 codes = make_uint4(0, 0, 0, 0);
     uint32_t slo = 0, shi = 0;
     if (ok) {
-      const int64_t ftile = (static_cast<int64_t>(e) * row_tiles + weight_row<BN>(p, kFc1, y, v0) / 16) * ktiles + kt;
+      const uint64_t ftile = rt.tile0 + kt;
       codes = __ldg(p.w_frag + ftile * 32 + lane);
       frag_scales(p.s_frag + ftile * 16 * sb, sb, slo, shi);
     }
