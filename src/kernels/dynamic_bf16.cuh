@@ -65,14 +65,20 @@ FP4MOE_HD int64_t wtile_offset(int slot, int y, int kt, int n_tiles, int k_pad) 
 // ---- the dequantisation pre-pass --------------------------------------------------------------------
 // One warp per unit u = ((slot · n_tiles + y) · ktiles + kt) · 8 + q: the 16 weight rows 16q.. of
 // tile (slot, y, kt). Lane (g, c) = (lane / 4, lane % 4) holds, for k16 step t, the codes of rows
-// g, g + 8 at k 16t + 2c, +1 and 16t + 8 + 2c, +1 (frag_dequant.cuh), and stores each register's
-// two values with one 4-byte store at their swizzled place.
+// g, g + 8 at k 16t + 2c, +1 and 16t + 8 + 2c, +1 (frag_dequant.cuh). The unit's 16 rows are 2 KB
+// contiguous in the swizzled tile (two atoms), so the warp builds them in shared memory with 4-byte
+// stores (conflict-free: the swizzle spreads a store's 8 rows over 8 chunk positions) and writes
+// them out as 16-byte chunks, 512 contiguous bytes per instruction. Writing the 4-byte values
+// straight to global memory left each store's 8 chunks half-filled in 8 different 128-byte lines,
+// and the pre-pass ran at ~0.3 G weights per ms (NOTES session 6).
 template <bool kFc1>
 __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams p, int n_tiles) {
   __shared__ E2m1x2Table e2m1;
+  __shared__ uint4 staged[kDequantThreads / 32][16 * 128 / 16];  // per warp: its unit's 16 rows, swizzled
   fill_e2m1x2_table(e2m1);
   __syncthreads();
   const int lane = threadIdx.x & 31, g = lane >> 2, cq = lane & 3;
+  unsigned char* const st = reinterpret_cast<unsigned char*>(staged[threadIdx.x >> 5]);
   const int ktiles = p.k_pad / BK, sb = 64 / p.block;
   const int64_t units = static_cast<int64_t>(p.expert_count) * n_tiles * ktiles * 8;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kDequantThreads / 32);
@@ -106,10 +112,17 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams 
 #pragma unroll
       for (int r = 0; r < 4; ++r) {  // register r: row g + 8·(r & 1), k 16t + 8·(r >> 1) + 2c
         const uint32_t v = ok ? hmul2_bf16_bits(e2m1.v[(words[t] >> (8 * r)) & 0xFF], s2[r]) : 0u;
-        const int row = v0 + g + 8 * (r & 1), k = 16 * t + 8 * (r >> 1) + 2 * cq;
-        *reinterpret_cast<uint32_t*>(dst + wgmma::sw128_offset(row, k)) = v;
+        const int row = g + 8 * (r & 1), k = 16 * t + 8 * (r >> 1) + 2 * cq;  // row within the unit
+        *reinterpret_cast<uint32_t*>(st + wgmma::sw128_offset(row, k)) = v;
       }
     }
+    __syncwarp();
+    // The unit's rows v0.. start at byte 128·v0 of the tile (v0 % 8 == 0: whole atoms).
+    uint4* const out = reinterpret_cast<uint4*>(dst + 128 * v0);
+    const uint4* const in = reinterpret_cast<const uint4*>(st);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[lane + 32 * j] = in[lane + 32 * j];
+    __syncwarp();  // the next unit overwrites the staging
   }
 }
 

@@ -180,6 +180,10 @@ TEST(WgmmaLayout, Swizzle128IsTheAddressXorOfTheRowMajorTile) {
       const uint32_t swizzled = plain ^ (((plain >> 7) & 7) << 4);
       ASSERT_EQ(wg::sw128_offset(r, k), swizzled) << "(" << r << ", " << k << ")";
       ASSERT_TRUE(seen.insert(swizzled).second);
+      // Rows v0.. with v0 % 8 == 0 start at byte 128·v0 and keep their pattern (the bf16 pre-pass
+      // builds 16-row units at offset 0 and copies them there).
+      const int v0 = r & ~15;
+      ASSERT_EQ(wg::sw128_offset(r, k), 128u * v0 + wg::sw128_offset(r - v0, k));
     }
   EXPECT_EQ(seen.size() * 2, wg::tile_bytes(128));
 }
