@@ -82,6 +82,8 @@ void reserve_dynamic_bf16(DynamicWorkspace& ws, const MoeConfig& c, const Device
 bool dynamic_uses_bf16(const MoeConfig& c, const DynamicWorkspace& ws, int64_t tokens);
 // Shared memory of the bf16 GEMM, and its once-per-device opt-in (DynamicWorkspace's constructor).
 size_t dynamic_bf16_smem_bytes();
+// Routed rows per m-tile of the bf16 GEMM: the routing's tile_m when a call takes the bf16 path.
+int dynamic_bf16_tile_m();
 void dynamic_bf16_opt_in();
 // Everything between the routing/gather and the combine on the bf16 path: per group of experts,
 // dequantise FC1's weights, FC1, dequantise FC2's, FC2.

@@ -16,9 +16,9 @@ namespace dk = kernels::dynamic;
 
 constexpr size_t kSmemBytes = sizeof(dk::Smem);
 
-// Σ_e ceil(r_e / BM) ≤ ceil(R / BM) + (number of non-empty experts) − 1.
-int64_t max_tiles(int64_t routes, int experts) {
-  return (routes + dk::BM - 1) / dk::BM + std::min<int64_t>(experts, routes);
+// Σ_e ceil(r_e / tile_m) ≤ ceil(R / tile_m) + (number of non-empty experts) − 1.
+int64_t max_tiles(int64_t routes, int experts, int tile_m) {
+  return (routes + tile_m - 1) / tile_m + std::min<int64_t>(experts, routes);
 }
 
 template <bool kFc1>
@@ -78,10 +78,14 @@ void launch_dynamic_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParam
 
 void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& gws, DynamicWorkspace& ws,
                     const RunArgs& a) {
-  const int64_t tiles = max_tiles(a.tokens * c.top_k, c.local_count());
-  launch_route(c, gws, a, dk::BM);
+  // The two paths' m-tiles differ (dynamic_bf16.cuh: 256 routed rows, here BM = 128), so the
+  // path is chosen before the routing builds the tile list.
+  const bool bf16 = dynamic_uses_bf16(c, ws, a.tokens);
+  const int tile_m = bf16 ? dynamic_bf16_tile_m() : dk::BM;
+  const int64_t tiles = max_tiles(a.tokens * c.top_k, c.local_count(), tile_m);
+  launch_route(c, gws, a, tile_m);
   launch_gather_quantize(c, w, gws, a);
-  if (dynamic_uses_bf16(c, ws, a.tokens)) {
+  if (bf16) {
     launch_dynamic_bf16_groups(c, w, gws, ws, a, tiles);
   } else {
     launch_gemm<true>(ws, moe_gemm_params(c, w, gws, a, true), tiles, nullptr, a.stream);

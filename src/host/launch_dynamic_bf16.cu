@@ -48,6 +48,7 @@ void launch_one(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, int
 }  // namespace
 
 size_t dynamic_bf16_smem_bytes() { return kSmemBytes; }
+int dynamic_bf16_tile_m() { return db::BM; }
 
 void dynamic_bf16_opt_in() {
   FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(db::gemm_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,

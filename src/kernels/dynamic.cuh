@@ -81,18 +81,26 @@ struct Smem {
 };
 static_assert(sizeof(Smem) <= 227 * 1024, "past the sm_90 opt-in shared memory per CTA");
 
-// cp.async of the stage's activation tile: rows row0 + m (m < valid; the rest zero-filled),
-// k = kt·64 ...
+// cp.async of the stage's activation tile of kRows rows: rows row0 + m (m < valid; the rest
+// zero-filled), k = kt·64 ..., kRows · 8 / 128 copies of 16 bytes per producer thread t.
 // kSw128: the tile in the 128B-swizzled layout (wgmma_layout.h sw128_offset, the bf16 path) instead.
-template <bool kSw128 = false>
+template <bool kSw128 = false, int kRows = BM>
 __device__ __forceinline__ void copy_a(const MoeGemmParams& p, __nv_bfloat16* tile, int row0, int valid, int kt, int t) {
+  static_assert(kRows % 64 == 0, "a_copy_chunk sweeps 64 rows at a time");
+  constexpr int kSweeps = kRows / 64;
+  auto offset = [](int m, int k) { return kSw128 ? wgmma::sw128_offset(m, k) : wgmma::kmajor_offset(kRows, m, k); };
   unsigned char* base = reinterpret_cast<unsigned char*>(tile);
 #pragma unroll
-  for (int i = 0; i < BM * (BK / 8) / kWarpgroup; ++i) {
-    const wgmma::ChunkCoord cc = wgmma::a_copy_chunk(BM, t, i);
-    const bool ok = cc.m < valid;
-    const __nv_bfloat16* src = p.a + static_cast<int64_t>(row0 + (ok ? cc.m : 0)) * p.k_pad + kt * BK + cc.kc * 8;
-    const uint32_t dst = kSw128 ? wgmma::sw128_offset(cc.m, 8 * cc.kc) : wgmma::kmajor_offset(BM, cc.m, 8 * cc.kc);
+  for (int i = 0; i < kRows * (BK / 8) / kWarpgroup; ++i) {
+    // Copy i is copy i / kSweeps of the first 64-row sweep, 64·(i % kSweeps) rows down
+    // (wgmma_layout.h a_copy_chunk), and in both layouts row m + 64s lies offset(64s, 0) past row m.
+    // Spelt out, the thread's destinations are 4 offsets plus constants: at kRows = 256 ptxas kept
+    // 16 of them live and spilled in the producer's 40 registers.
+    const wgmma::ChunkCoord cc = wgmma::a_copy_chunk(64, t, i / kSweeps);
+    const int m = cc.m + 64 * (i % kSweeps);
+    const bool ok = m < valid;
+    const __nv_bfloat16* src = p.a + static_cast<int64_t>(row0 + (ok ? m : 0)) * p.k_pad + kt * BK + cc.kc * 8;
+    const uint32_t dst = offset(cc.m, 8 * cc.kc) + offset(64 * (i % kSweeps), 0);
     ptx::cp_async_16(base + dst, src, ok ? 16 : 0);
   }
 }
@@ -100,13 +108,14 @@ __device__ __forceinline__ void copy_a(const MoeGemmParams& p, __nv_bfloat16* ti
 struct TileInfo {
   int y, e, row0, valid;
 };
-// n-tile y of m-tile `tile` of the routing's list.
+// n-tile y of m-tile `tile` of the routing's list, built with tile_m = kRows.
+template <int kRows = BM>
 __device__ __forceinline__ TileInfo tile_at(const MoeGemmParams& p, int tile, int y) {
   TileInfo ti;
   ti.y = y;
   ti.e = p.tile_expert[tile];
   ti.row0 = p.tile_row0[tile];
-  ti.valid = min(BM, p.expert_offset[ti.e + 1] - ti.row0);
+  ti.valid = min(kRows, p.expert_offset[ti.e + 1] - ti.row0);
   return ti;
 }
 __device__ __forceinline__ TileInfo tile_info(const MoeGemmParams& p, int w, int n_tiles) {
@@ -117,10 +126,15 @@ __device__ __forceinline__ TileInfo tile_info(const MoeGemmParams& p, int w, int
 // [64c, 64c + 64) × BM routed rows) → alpha·acc + bias staged transposed in `stage` (routed row ×
 // tile column, kLdc floats per row) → the FC1 or FC2 epilogue over both consumers (named barrier
 // 1 over their 256 threads; t: this thread in its warpgroup, ct: among both).
-template <bool kFc1>
-__device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileInfo& ti, const float (&acc)[64],
-                                            float* stage, int c, int t, int ct) {
-  // acc element i is D[weight row 64c + acc_row][routed row acc_col] (wgmma_layout.h).
+// A wider accumulator (kAcc = 64·h floats of an m64n(128·h) wgmma: the bf16 path's) goes through in
+// parts of BM routed rows: part `part` is floats [64·part, 64·part + 64), and ti its rows (row0 and
+// valid of the part). `part` must be a compile-time constant after unrolling (register indices).
+template <bool kFc1, int kAcc>
+__device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileInfo& ti, const float (&acc)[kAcc],
+                                            float* stage, int c, int t, int ct, int part = 0) {
+  static_assert(kAcc % 64 == 0, "parts of 64 floats: BM routed rows");
+  // acc element 64·part + i is D[weight row 64c + acc_row(t, i)][routed row acc_col(t, i) of the part]
+  // (wgmma_layout.h; acc_col(t, 64 + i) = 128 + acc_col(t, i)).
   const float alpha = p.alpha[ti.e];
   float bias[2] = {0.0f, 0.0f};  // this thread's two weight rows: acc_row(t, i) for (i / 2) % 2 = 0, 1
   if (p.bias) {
@@ -134,7 +148,7 @@ __device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileIn
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const int v = 64 * c + wgmma::acc_row(t, i), n = wgmma::acc_col(t, i);
-    stage[n * kLdc + v] = alpha * acc[i] + bias[(i >> 1) & 1];
+    stage[n * kLdc + v] = alpha * acc[64 * part + i] + bias[(i >> 1) & 1];
   }
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
   const int rows = min(BM, ti.valid);
@@ -146,8 +160,11 @@ __device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileIn
 // Thread 0, before the CTA's first __syncthreads: the stages' barriers ("full" completes a phase
 // after full_arrivals arrivals, "empty" after both consumers'), the watchdog flag, and a fence that
 // makes the initialisations visible to the async proxy (bulk copies completing on "full").
+// kRing: the ring's stages (the bf16 path has its own count); likewise in the hand-overs below.
+template <int kRing = kStages>
 __device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, unsigned full_arrivals, int* aborted) {
-  for (int s = 0; s < kStages; ++s) {
+  static_assert(kRing >= 3, "the producer signals stage s one step late (after starting s + 1)");
+  for (int s = 0; s < kRing; ++s) {
     ptx::mbar_init(&full[s], full_arrivals);
     ptx::mbar_init(&empty[s], kWarpgroup * kConsumers);
   }
@@ -157,17 +174,19 @@ __device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, u
 
 // The producer's hand-over, one step late: once stage it's copies are issued, this thread's copies
 // of stage it - 1 have landed → fenced for the async proxy → "full". The last stage after the loop.
+template <int kRing = kStages>
 __device__ __forceinline__ void hand_over(uint64_t* full, uint32_t it) {
   if (it == 0) return;
   ptx::cp_async_wait<1>();        // this thread's copies of stage it - 1 have landed
   ptx::fence_proxy_async_smem();  // its generic-proxy writes → visible to wgmma (async proxy)
-  ptx::mbar_arrive(&full[(it - 1) % kStages]);
+  ptx::mbar_arrive(&full[(it - 1) % kRing]);
 }
+template <int kRing = kStages>
 __device__ __forceinline__ void hand_over_last(uint64_t* full, uint32_t it) {
   if (it == 0) return;
   ptx::cp_async_wait<0>();
   ptx::fence_proxy_async_smem();
-  ptx::mbar_arrive(&full[(it - 1) % kStages]);
+  ptx::mbar_arrive(&full[(it - 1) % kRing]);
 }
 
 // Row tile j (weight rows 16j.. of the n-tile) of the work item: whether it is inside w_rows

@@ -11,11 +11,20 @@
 //   dequant_kernel   one warp per (expert slot, n-tile, k-tile, 16-row group): the lane's 16 bytes of
 //                    fragment-order codes (device_weights.h) and its scale bytes → code × scale in bf16,
 //                    written to the bf16 copy. Experts without routed rows are skipped.
-//   gemm_kernel      as dynamic's (3 warpgroups, persistent, the same tile list and epilogues), but
-//                    both wgmma operands come from shared memory: per stage the producer moves the
-//                    n-tile's 128 × 64 weight tile with one bulk copy (TMA engine, no tensor map: the
-//                    copy already holds the shared-memory image) and the activation tile with
+//   gemm_kernel      as dynamic's (3 warpgroups, persistent, the same epilogues), but both wgmma
+//                    operands come from shared memory: per stage the producer moves the n-tile's
+//                    128 × 64 weight tile with one bulk copy (TMA engine, no tensor map: the copy
+//                    already holds the shared-memory image) and the 256 × 64 activation tile with
 //                    cp.async into the same layout.
+//
+// Tile: 128 weight rows × BM = 256 routed rows (the register path's is 128 × 128), each consumer
+// warpgroup 4 × wgmma m64n256k16 per stage. Why: at 128 × 128 a CTA moves 32 KB per 64-k step out of
+// L2 (16 KB weights, 16 KB activations), which at the measured 44–45 % of the bf16 rate is ~5.6 TB/s
+// over 132 SMs, near what Hopper's L2 delivers (docs/next-steps.md "Prefill"; derived, not
+// measured). At 128 × 256 a step moves 48 KB for twice the MACs: 25 % fewer bytes per MAC. The cost:
+// 48 KB stages leave room for 3 of them beside the epilogue staging, which holds half the tile's
+// routed rows and so runs twice per tile; the routing list is built with tile_m = 256 for this path
+// (launch_dynamic.cu).
 //
 // Both operands are K-major with the 128-byte swizzle (wgmma_layout.h sw128_offset), the layout of
 // the fast Hopper GEMMs. With the no-swizzle layout this GEMM measured no faster than the register
@@ -42,16 +51,21 @@
 namespace fp4moe::kernels::dynamic_bf16 {
 
 using dynamic::BK;
-using dynamic::BM;
 using dynamic::BN;
 using dynamic::kConsumers;
 using dynamic::kLdc;
-using dynamic::kStages;
 using dynamic::kThreads;
 using dynamic::kWarpgroup;
 using dynamic::TileInfo;
 
-inline constexpr int kBand = 8;                        // m-tiles per band of the work order
+inline constexpr int BM = 256;                 // routed rows per m-tile: the wgmma N (the routing's tile_m)
+inline constexpr int kPartRows = dynamic::BM;  // routed rows per epilogue part (the staging buffer's)
+inline constexpr int kParts = BM / kPartRows;
+inline constexpr int kAcc = BM / 2;            // fp32 accumulators per consumer thread (m64n256)
+inline constexpr int kStages = 3;              // 48 KB each: 3 fit beside the staging, 4 do not
+// m-tiles per band of the work order: 1024 routed rows, as at BM = 128 with 8 m-tiles, so a band's
+// activations take the same room in L2 as in the measured configuration (mixtral FC2: 29 MB).
+inline constexpr int kBand = 1024 / BM;
 inline constexpr int kWTileElems = BN * BK;            // bf16 per weight tile
 inline constexpr uint32_t kWTileBytes = kWTileElems * 2;  // 16 KB: one bulk copy per stage
 inline constexpr int kDequantThreads = 256;
@@ -131,13 +145,16 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams 
 // shared memory up to 1024 bytes (kSmemAlign of slack in the launch's size).
 inline constexpr uint32_t kSmemAlign = wgmma::kSw128Atom;
 struct alignas(1024) Smem {
-  __nv_bfloat16 a[kStages][BM * BK];   // activation tiles (cp.async, generic proxy, fenced)
-  __nv_bfloat16 w[kStages][BN * BK];   // weight tiles (bulk copies, async proxy)
-  float c[BM * kLdc];                  // epilogue staging (dynamic::finish_tile)
+  __nv_bfloat16 a[kStages][BM * BK];   // activation tiles (256 rows, 64 k), sw128: 32 KB (cp.async, fenced)
+  __nv_bfloat16 w[kStages][BN * BK];   // weight tiles (128 rows, 64 k), sw128: 16 KB (bulk copies)
+  float c[kPartRows * kLdc];           // epilogue staging of one part (dynamic::finish_tile): 68 KB
   uint64_t full[kStages];              // 128 producer arrivals + 1 with the bulk copy's bytes
   uint64_t empty[kStages];             // 256 consumer arrivals
   int aborted;                         // watchdog (mbarrier.cuh)
 };
+// 3 · 48 KB + 68 KB + the barriers, rounded to 1 KB (218112 B), + the alignment slack.
+static_assert(sizeof(Smem) + kSmemAlign <= 232448, "past the sm_90 opt-in shared memory per CTA (227 KB)");
+static_assert(BM % kPartRows == 0 && kAcc == 64 * kParts, "the epilogue takes the accumulators in parts");
 
 // Work item w of the group → (m-tile, n-tile): bands of kBand m-tiles, the m-tile fastest inside a
 // band (the file comment says why); tile_begin / tiles: the group's m-tiles in the routing's list.
@@ -145,7 +162,7 @@ __device__ __forceinline__ TileInfo band_item(const MoeGemmParams& p, int w, int
   const int band0 = w / (kBand * n_tiles) * kBand;
   const int size = min(kBand, tiles - band0);
   const int r = w - band0 * n_tiles;
-  return dynamic::tile_at(p, tile_begin + band0 + r % size, r / size);
+  return dynamic::tile_at<BM>(p, tile_begin + band0 + r % size, r / size);
 }
 
 template <bool kFc1>
@@ -164,16 +181,18 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem& sm, int n_
         ptx::mbar_arrive_expect_tx(&sm.full[s], kWTileBytes);
         ptx::bulk_copy_g2s(sm.w[s], wsrc + static_cast<int64_t>(kt) * kWTileElems, kWTileBytes, &sm.full[s]);
       }
-      dynamic::copy_a<true>(p, sm.a[s], ti.row0, ti.valid, kt, t);
+      dynamic::copy_a<true, BM>(p, sm.a[s], ti.row0, ti.valid, kt, t);  // 16 cp.async per thread
       ptx::cp_async_commit();  // one group per stage
-      dynamic::hand_over(sm.full, it);
+      dynamic::hand_over<kStages>(sm.full, it);
     }
   }
-  dynamic::hand_over_last(sm.full, it);
+  dynamic::hand_over_last<kStages>(sm.full, it);
 }
 
-// Consumer warpgroup c: weight rows [64c, 64c + 64) of the stage's weight tile × its BM activation
-// rows, 4 × wgmma m64n128k16 per stage with both operands in shared memory.
+// Consumer warpgroup c: weight rows [64c, 64c + 64) of the stage's weight tile × its BM = 256
+// activation rows, 4 × wgmma m64n256k16 per stage with both operands in shared memory (the sw128
+// descriptor's 8-row groups are 1024 bytes apart for any row count, so the 256-row B operand is
+// operand_desc_sw128 of row 0 as the 128-row one was).
 template <bool kFc1>
 __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_tiles, int tile_begin, int tiles,
                                         const ptx::Watchdog& wd) {
@@ -182,9 +201,9 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
   const int ct = threadIdx.x - kWarpgroup;
   const int ktiles = p.k_pad / BK, work = tiles * n_tiles;
   const uint32_t a_base = ptx::smem_addr(sm.a[0]), w_base = ptx::smem_addr(sm.w[0]);
-  float acc[64];
+  float acc[kAcc];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
   uint32_t it = 0;
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = band_item(p, w, n_tiles, tile_begin, tiles);
@@ -196,7 +215,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
       const uint32_t a_tile = a_base + s * wgmma::tile_bytes(BM), w_tile = w_base + s * kWTileBytes;
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        ptx::mma_m64n128k16_bf16(acc, wgmma::operand_desc_sw128(w_tile, 64 * c, ks),
+        ptx::mma_m64n256k16_bf16(acc, wgmma::operand_desc_sw128(w_tile, 64 * c, ks),
                                  wgmma::operand_desc_sw128(a_tile, 0, ks), (kt | ks) != 0);
       ptx::wgmma_commit();
       ptx::fence_operand(acc);
@@ -207,7 +226,13 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
     ptx::wgmma_wait<0>();
     ptx::fence_operand(acc);
     ptx::mbar_arrive(&sm.empty[(it - 1) % kStages]);
-    dynamic::finish_tile<kFc1>(p, ti, acc, sm.c, c, t, ct);
+    // The epilogue in parts of kPartRows routed rows through the one staging buffer; a part without
+    // rows (the tile's last rows past the expert) is skipped by all 256 threads alike.
+#pragma unroll
+    for (int part = 0; part < kParts; ++part) {
+      const TileInfo pi{ti.y, ti.e, ti.row0 + kPartRows * part, ti.valid - kPartRows * part};
+      if (pi.valid > 0) dynamic::finish_tile<kFc1>(p, pi, acc, sm.c, c, t, ct, part);
+    }
   }
 }
 
@@ -217,12 +242,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(MoeGemmParams p, int 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t pad = (kSmemAlign - (ptx::smem_addr(smem_raw) & (kSmemAlign - 1))) & (kSmemAlign - 1);
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw + pad);
-  if (threadIdx.x == 0) dynamic::init_pipeline(sm.full, sm.empty, kWarpgroup + 1, &sm.aborted);  // + the bulk copy's
+  if (threadIdx.x == 0) dynamic::init_pipeline<kStages>(sm.full, sm.empty, kWarpgroup + 1, &sm.aborted);  // + the bulk copy's
   __syncthreads();
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int tile_begin = p.expert_tile_offset[p.expert_base];
   const int tiles = p.expert_tile_offset[p.expert_base + p.expert_count] - tile_begin;
-  // The producer only computes addresses; the consumers hold 64 accumulators:
+  // The producer only computes addresses; the consumers hold 128 accumulators (and little else):
   // 128·40 + 256·232 = 64512 ≤ 65536.
   if (threadIdx.x < kWarpgroup) {
     ptx::setmaxnreg_dec<40>();

@@ -123,7 +123,8 @@ TEST(WgmmaLayout, AccumulatorFragmentCoversTheTileOnce) {
 
 // The producer's cp.async chunks of an A tile: every 16-byte chunk exactly once; per warp
 // instruction, each quarter-warp writes 128 contiguous shared bytes (one conflict-free phase) and
-// lanes l and l + 16 read the two halves of one 32-byte global sector.
+// lanes l and l + 16 read the two halves of one 32-byte global sector. In the 128B-swizzled layout
+// (the bf16 path's 256-row tiles) a quarter-warp's 8 chunks land in 8 different 16-byte bank groups.
 TEST(WgmmaLayout, ProducerACopiesCoverTheTileOnceWithoutBankConflicts) {
   for (int rows : {64, 128, 256}) {
     const int per_thread = rows * 8 / 128;
@@ -133,16 +134,28 @@ TEST(WgmmaLayout, ProducerACopiesCoverTheTileOnceWithoutBankConflicts) {
         const wg::ChunkCoord cc = wg::a_copy_chunk(rows, t, i);
         ASSERT_TRUE(cc.m >= 0 && cc.m < rows && cc.kc >= 0 && cc.kc < 8) << "t " << t << " i " << i;
         ++hits[cc.m * 8 + cc.kc];
+        // copy_a's decomposition: the chunk of the first 64-row sweep, moved down by whole sweeps,
+        // which in both layouts adds the offset of the sweep's first row.
+        const wg::ChunkCoord c0 = wg::a_copy_chunk(64, t, i / (rows / 64));
+        const int down = 64 * (i % (rows / 64));
+        EXPECT_EQ(cc.m, c0.m + down);
+        EXPECT_EQ(cc.kc, c0.kc);
+        EXPECT_EQ(wg::sw128_offset(cc.m, 8 * cc.kc), wg::sw128_offset(c0.m, 8 * c0.kc) + wg::sw128_offset(down, 0));
+        EXPECT_EQ(wg::kmajor_offset(rows, cc.m, 8 * cc.kc),
+                  wg::kmajor_offset(rows, c0.m, 8 * c0.kc) + wg::kmajor_offset(rows, down, 0));
       }
     EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; })) << "rows " << rows;
     for (int warp = 0; warp < 4; ++warp)
       for (int i = 0; i < per_thread; ++i) {
         for (int quarter = 0; quarter < 4; ++quarter) {
           std::vector<uint32_t> offs;
+          std::set<uint32_t> sw_groups;
           for (int l = 8 * quarter; l < 8 * quarter + 8; ++l) {
             const wg::ChunkCoord cc = wg::a_copy_chunk(rows, 32 * warp + l, i);
             offs.push_back(wg::kmajor_offset(rows, cc.m, 8 * cc.kc));
+            sw_groups.insert(wg::sw128_offset(cc.m, 8 * cc.kc) / 16 % 8);
           }
+          EXPECT_EQ(sw_groups.size(), 8u) << "sw128: rows " << rows << " warp " << warp << " copy " << i;
           std::sort(offs.begin(), offs.end());
           EXPECT_EQ(offs.front() % 128, 0u);
           for (int j = 1; j < 8; ++j) EXPECT_EQ(offs[j], offs[0] + 16 * j) << "warp " << warp << " copy " << i;
@@ -174,7 +187,7 @@ TEST(WgmmaLayout, ProducerBStoresOfAWarpAreContiguous) {
 // 16-byte chunk c of row i sits at chunk c ^ i, i.e. address bits [4, 7) ^= bits [7, 10).
 TEST(WgmmaLayout, Swizzle128IsTheAddressXorOfTheRowMajorTile) {
   std::set<uint32_t> seen;
-  for (int r = 0; r < 128; ++r)
+  for (int r = 0; r < 256; ++r)  // the bf16 path's activation tile
     for (int k = 0; k < wg::kTileK; ++k) {
       const uint32_t plain = r * 128 + k * 2;  // the row-major tile: 128 bytes per row
       const uint32_t swizzled = plain ^ (((plain >> 7) & 7) << 4);
@@ -185,7 +198,7 @@ TEST(WgmmaLayout, Swizzle128IsTheAddressXorOfTheRowMajorTile) {
       const int v0 = r & ~15;
       ASSERT_EQ(wg::sw128_offset(r, k), 128u * v0 + wg::sw128_offset(r - v0, k));
     }
-  EXPECT_EQ(seen.size() * 2, wg::tile_bytes(128));
+  EXPECT_EQ(seen.size() * 2, wg::tile_bytes(256));
 }
 
 TEST(WgmmaLayout, Swizzle128DescriptorStartsAtTheAtomRowAndStepsK) {

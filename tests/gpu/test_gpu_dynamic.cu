@@ -4,9 +4,10 @@
 //                       memory at kmajor_offset(), read by wgmma through operand_desc(),
 //                       accumulator read back through acc_row/acc_col (wgmma_layout.h). Small
 //                       integers, so the result is exact. On failure it also tries the descriptor
-//                       with LBO and SBO exchanged and says whether that one matches. A second
-//                       probe takes A from registers in the m16n8k16 fragment layout (the dynamic
-//                       kernel's weights).
+//                       with LBO and SBO exchanged and says whether that one matches. Others take
+//                       the 128B-swizzled layout at N = 128 and N = 256 (the bf16 path's m64n256k16),
+//                       and A from registers in the m16n8k16 fragment layout (the dynamic kernel's
+//                       weights).
 //   GpuDynamicGemm      the library's kernel (dynamic::gemm_kernel<fc2> through
 //                       gpu::launch_dynamic_gemm) on random bf16 activations and random FP4
 //                       weights + block scales, with alpha = 1, no bias and router weight 1, so
@@ -50,40 +51,42 @@ using testgpu::device_is_sm90;
 
 // ---- layer 1: one wgmma k-loop in one warpgroup ---------------------------------------------------
 
-// a: [128][64] bf16 bits (tile rows; the operand is rows [r0, r0 + 64)), b: [128][64], d: [64][128].
+// a: [128][64] bf16 bits (tile rows; the operand is rows [r0, r0 + 64)), b: [kN][64], d: [64][kN]
+// with the wgmma of that N (m64n128k16 or m64n256k16, the bf16 path's).
 // sw128: both tiles in the 128B-swizzled layout (sw128_offset / operand_desc_sw128) instead.
+template <int kN = 128>
 __global__ void wgmma_probe_kernel(const uint16_t* a, const uint16_t* b, int r0, bool swap_lbo_sbo, bool sw128,
                                    float* d) {
   __shared__ __align__(1024) unsigned char sa[128 * 64 * 2];
-  __shared__ __align__(1024) unsigned char sb[128 * 64 * 2];
+  __shared__ __align__(1024) unsigned char sb[kN * 64 * 2];
   const int t = threadIdx.x;
-  for (int idx = t; idx < 128 * 64; idx += blockDim.x) {
+  for (int idx = t; idx < kN * 64; idx += blockDim.x) {
     const int r = idx / 64, k = idx % 64;
-    const uint32_t o = sw128 ? wg::sw128_offset(r, k) : wg::kmajor_offset(128, r, k);
-    *reinterpret_cast<uint16_t*>(sa + o) = a[idx];
-    *reinterpret_cast<uint16_t*>(sb + o) = b[idx];
+    if (r < 128) *reinterpret_cast<uint16_t*>(sa + (sw128 ? wg::sw128_offset(r, k) : wg::kmajor_offset(128, r, k))) = a[idx];
+    *reinterpret_cast<uint16_t*>(sb + (sw128 ? wg::sw128_offset(r, k) : wg::kmajor_offset(kN, r, k))) = b[idx];
   }
   kernels::ptx::fence_proxy_async_smem();
   __syncthreads();
-  float acc[64];
-  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+  float acc[kN / 2];
+  for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f;
   const uint32_t a_addr = kernels::ptx::smem_addr(sa), b_addr = kernels::ptx::smem_addr(sb);
   kernels::ptx::fence_operand(acc);
   kernels::ptx::wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
-    uint64_t da = wg::operand_desc(a_addr, 128, r0, ks), db = wg::operand_desc(b_addr, 128, 0, ks);
+    uint64_t da = wg::operand_desc(a_addr, 128, r0, ks), db = wg::operand_desc(b_addr, kN, 0, ks);
     if (sw128) da = wg::operand_desc_sw128(a_addr, r0, ks), db = wg::operand_desc_sw128(b_addr, 0, ks);
     if (swap_lbo_sbo) {
       da = wg::make_desc(a_addr + wg::kmajor_offset(128, r0, 16 * ks), wg::kSbo, wg::kmajor_lbo(128));
-      db = wg::make_desc(b_addr + wg::kmajor_offset(128, 0, 16 * ks), wg::kSbo, wg::kmajor_lbo(128));
+      db = wg::make_desc(b_addr + wg::kmajor_offset(kN, 0, 16 * ks), wg::kSbo, wg::kmajor_lbo(kN));
     }
-    kernels::ptx::mma_m64n128k16_bf16(acc, da, db, 1);
+    if constexpr (kN == 128) kernels::ptx::mma_m64n128k16_bf16(acc, da, db, 1);
+    else kernels::ptx::mma_m64n256k16_bf16(acc, da, db, 1);
   }
   kernels::ptx::wgmma_commit();
   kernels::ptx::wgmma_wait<0>();
   kernels::ptx::fence_operand(acc);
-  for (int i = 0; i < 64; ++i) d[wg::acc_row(t, i) * 128 + wg::acc_col(t, i)] = acc[i];
+  for (int i = 0; i < kN / 2; ++i) d[wg::acc_row(t, i) * kN + wg::acc_col(t, i)] = acc[i];
 }
 
 // n bf16 integers in [-4, 4]: every product and partial sum of the probes is exact in fp32.
@@ -95,32 +98,35 @@ std::vector<uint16_t> small_ints(size_t n, uint32_t seed) {
   return v;
 }
 
-// Elements of d (64 × 128) that differ from the exact product of rows [r0, r0 + 64) of a (rows of 64
-// k) and b (128 rows of 64 k); the first one is described in *first_bad.
+// Elements of d (64 × N, N = b's rows) that differ from the exact product of rows [r0, r0 + 64) of a
+// (rows of 64 k) and b (rows of 64 k); the first one is described in *first_bad.
 int64_t count_wrong(const std::vector<uint16_t>& a, int r0, const std::vector<uint16_t>& b, const std::vector<float>& d,
                     std::string* first_bad) {
+  const int N = static_cast<int>(b.size() / 64);
   int64_t bad = 0;
   for (int i = 0; i < 64; ++i)
-    for (int n = 0; n < 128; ++n) {
+    for (int n = 0; n < N; ++n) {
       double ref = 0;
       for (int k = 0; k < 64; ++k) ref += double(fmt::f32_from_bf16(a[(r0 + i) * 64 + k])) * fmt::f32_from_bf16(b[n * 64 + k]);
-      if (d[i * 128 + n] != ref && bad++ == 0 && first_bad) {
+      if (d[i * N + n] != ref && bad++ == 0 && first_bad) {
         std::ostringstream s;
-        s << "D[" << i << "][" << n << "] = " << d[i * 128 + n] << ", expected " << ref;
+        s << "D[" << i << "][" << n << "] = " << d[i * N + n] << ", expected " << ref;
         *first_bad = s.str();
       }
     }
   return bad;
 }
 
-// Runs the probe; returns the number of elements that differ from the exact product.
+// Runs the probe (N = b's rows: 128, or 256 with sw128); returns the number of elements that differ
+// from the exact product.
 int64_t run_probe(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, int r0, bool swap,
                   std::string* first_bad, bool sw128 = false) {
   DeviceArray<uint16_t> da(a), db(b);
-  DeviceArray<float> dd(64 * 128);
+  DeviceArray<float> dd(b.size());
   const uint32_t poison = testkit::kPoisonF32;
   dd.fill_bytes(&poison, 4);
-  wgmma_probe_kernel<<<1, 128>>>(da.get(), db.get(), r0, swap, sw128, dd.get());
+  if (b.size() == 256 * 64) wgmma_probe_kernel<256><<<1, 128>>>(da.get(), db.get(), r0, swap, sw128, dd.get());
+  else wgmma_probe_kernel<128><<<1, 128>>>(da.get(), db.get(), r0, swap, sw128, dd.get());
   if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("wgmma_probe_kernel failed");
   return count_wrong(a, r0, b, dd.download(), first_bad);
 }
@@ -141,15 +147,19 @@ TEST(GpuWgmmaProbe, DescriptorsAndAccumulatorLayoutGiveTheExactProduct) {
   }
 }
 
-// The same product with both tiles in the 128B-swizzled layout (the bf16 path's).
+// The same product with both tiles in the 128B-swizzled layout, with N = 128 and with N = 256 (the
+// bf16 path's m64n256k16: the same descriptor, 8-row groups 1024 bytes apart, twice the accumulators).
 TEST(GpuWgmmaProbe, Swizzle128DescriptorsGiveTheExactProduct) {
   REQUIRE_SM90();
-  const std::vector<uint16_t> a = small_ints(128 * 64, 7), b = small_ints(128 * 64, 70);
-  for (int r0 : {0, 64}) {
-    std::string first;
-    const int64_t bad = run_probe(a, b, r0, false, &first, true);
-    EXPECT_EQ(bad, 0) << "rows [" << r0 << ", " << r0 + 64 << "): " << bad << " of 8192 elements wrong, first: "
-                      << first;
+  const std::vector<uint16_t> a = small_ints(128 * 64, 7);
+  for (int n : {128, 256}) {
+    const std::vector<uint16_t> b = small_ints(n * 64, 70 + n);
+    for (int r0 : {0, 64}) {
+      std::string first;
+      const int64_t bad = run_probe(a, b, r0, false, &first, true);
+      EXPECT_EQ(bad, 0) << "N = " << n << ", rows [" << r0 << ", " << r0 + 64 << "): " << bad << " of " << 64 * n
+                        << " elements wrong, first: " << first;
+    }
   }
 }
 
@@ -218,10 +228,11 @@ std::string describe(const GemmCase& g) {
 }
 
 // bf16_group > 0: the bf16 path (dynamic_bf16.cuh), experts dequantised and multiplied bf16_group
-// at a time through one copy buffer, the way launch_dynamic_bf16_groups runs them.
+// at a time through one copy buffer, the way launch_dynamic_bf16_groups runs them; its m-tiles are
+// dynamic_bf16::BM (256) routed rows, the register path's dynamic::BM (128).
 void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0) {
   const int E = static_cast<int>(g.rows_per_expert.size()), N = g.n, K = g.k, bs = g.nvfp4 ? 16 : 32;
-  const int BM = kernels::dynamic::BM;
+  const int BM = bf16_group > 0 ? kernels::dynamic_bf16::BM : kernels::dynamic::BM;
   std::mt19937_64 rng(seed);
   // Routing schedule as the pre-pass builds it with tile_m = BM.
   std::vector<int> offset(E + 1, 0), tile_offset(E + 1, 0), tile_expert, tile_row0, row_expert;
@@ -308,7 +319,9 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0) {
   int64_t bad = 0, unwritten = 0;
   double worst = 0;
   std::ostringstream first;
-  std::vector<int64_t> bad_by_half(2, 0), bad_by_ntile((N + 127) / 128, 0);
+  // Wrong elements by consumer warpgroup (weight rows 64c.. of the n-tile), by 128-row part of the
+  // m-tile (the bf16 path's epilogue parts) and by n-tile.
+  std::vector<int64_t> bad_by_consumer(2, 0), bad_by_part((BM + 127) / 128, 0), bad_by_ntile((N + 127) / 128, 0);
   std::vector<double> af(a.size());
   for (size_t i = 0; i < a.size(); ++i) af[i] = fmt::f32_from_bf16(a[i]);
   for (int n = 0; n < N; ++n) {
@@ -333,20 +346,24 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0) {
       worst = std::max(worst, err);
       if (!(err <= 2e-4)) {
         const int tr = (r - offset[e]) % BM;
-        ++bad_by_half[tr / 64];
+        ++bad_by_consumer[n % 128 / 64];
+        ++bad_by_part[tr / 128];
         ++bad_by_ntile[n / 128];
         if (bad++ < 5)
-          first << "\n  Y[" << r << "][" << n << "] (expert " << e << ", tile row " << tr << " = consumer "
-                << tr / 64 << ", n-tile " << n / 128 << " col " << n % 128 << ") = " << got << ", expected " << ref;
+          first << "\n  Y[" << r << "][" << n << "] (expert " << e << ", tile row " << tr << ", n-tile " << n / 128
+                << " col " << n % 128 << " = consumer " << n % 128 / 64 << ") = " << got << ", expected " << ref;
       }
     }
   }
-  std::ostringstream by_ntile;
-  for (size_t i = 0; i < bad_by_ntile.size(); ++i) by_ntile << (i ? "," : "") << bad_by_ntile[i];
+  auto list = [](const std::vector<int64_t>& v) {
+    std::ostringstream s;
+    for (size_t i = 0; i < v.size(); ++i) s << (i ? "," : "") << v[i];
+    return s.str();
+  };
   EXPECT_EQ(unwritten, 0) << describe(g) << ": elements of Y never written";
   EXPECT_EQ(bad, 0) << describe(g) << ": " << bad << " of " << int64_t(rows) * N << " wrong (worst relative "
-                    << worst << "; by consumer half " << bad_by_half[0] << "/" << bad_by_half[1] << "; by n-tile "
-                    << by_ntile.str() << ")" << first.str();
+                    << worst << "; by consumer " << list(bad_by_consumer) << "; by 128-row part of the m-tile "
+                    << list(bad_by_part) << "; by n-tile " << list(bad_by_ntile) << ")" << first.str();
 }
 
 TEST(GpuDynamicGemm, MatchesCpuGemmOfDequantisedWeights) {
@@ -367,7 +384,11 @@ TEST(GpuDynamicGemm, MatchesCpuGemmOfDequantisedWeights) {
 }
 
 // The bf16 path: the same cases, dequantised once into a copy (all experts at once, and two at a
-// time through a smaller copy), then multiplied with both operands in shared memory.
+// time through a smaller copy), then multiplied with both operands in shared memory, in m-tiles of
+// 256 routed rows whose epilogue runs in two parts of 128. Rows per expert and the m-tiles they
+// make: 1, 65, 17: one part-filled first part; 130, 200: a partial second part; 127, 3: an empty
+// second part (skipped); 300 = 256 + 44 and 513 = 2·256 + 1: a full tile, then one with an empty
+// second part; 400 = 256 + 144: a partial second part after a full tile.
 TEST(GpuDynamicGemm, Bf16PathMatchesCpuGemmOfDequantisedWeights) {
   REQUIRE_SM90();
   const std::vector<GemmCase> cases = {
@@ -375,7 +396,8 @@ TEST(GpuDynamicGemm, Bf16PathMatchesCpuGemmOfDequantisedWeights) {
       {false, {65}, 192, 320},
       {true, {0, 130, 0, 127, 300}, 256, 704},
       {false, {128, 129, 3}, 2880, 256},
-      {true, {200, 17, 1100}, 128, 2880},  // 9 m-tiles of one expert: more than a band of 8
+      {true, {200, 17, 1100}, 128, 2880},  // 5 m-tiles of one expert: more than a band of 4
+      {false, {300, 0, 513, 400}, 384, 512},  // partial 256-row tiles (above); 3 n-tiles, 8 stages
   };
   uint64_t seed = 200;
   for (const GemmCase& g : cases)

@@ -51,26 +51,46 @@ __device__ __forceinline__ void fence_operand(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// Accumulator operands of the wrappers below. wgmma names its N/2 fp32 accumulators in one brace
+// list; these spell out the register names %i of such a list and the matching "+f" operands of the
+// accumulator array d, 64 at a time.
+#define FP4MOE_WGMMA_D_REGS_0_63 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FP4MOE_WGMMA_D_REGS_64_127 \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define FP4MOE_WGMMA_D8(i)                                                                                 \
+  "+f"(d[(i)]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), "+f"(d[(i) + 5]), \
+      "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+#define FP4MOE_WGMMA_D64(i)                                                                                \
+  FP4MOE_WGMMA_D8(i), FP4MOE_WGMMA_D8((i) + 8), FP4MOE_WGMMA_D8((i) + 16), FP4MOE_WGMMA_D8((i) + 24),     \
+      FP4MOE_WGMMA_D8((i) + 32), FP4MOE_WGMMA_D8((i) + 40), FP4MOE_WGMMA_D8((i) + 48), FP4MOE_WGMMA_D8((i) + 56)
+
 // D(64 × 128, fp32) = A(64 × 16, bf16, shared, K-major) · B(16 × 128: 128 rows × 16 k, bf16, shared,
 // K-major)ᵀ + (accumulate ? D : 0). One warpgroup; d is this thread's accumulator fragment
 // (wgmma_layout.h: acc_row / acc_col). Immediates: scale-a = scale-b = 1, no transpose (K-major).
 __device__ __forceinline__ void mma_m64n128k16_bf16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" FP4MOE_WGMMA_D_REGS_0_63
       "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : FP4MOE_WGMMA_D64(0)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// The same with N = 256 (B: 256 rows × 16 k): d holds 128 floats, acc_row / acc_col (wgmma_layout.h)
+// with i in [0, 128); floats [64h, 64h + 64) are columns [128h, 128h + 128).
+__device__ __forceinline__ void mma_m64n256k16_bf16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" FP4MOE_WGMMA_D_REGS_0_63 ", " FP4MOE_WGMMA_D_REGS_64_127
+      "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+      : FP4MOE_WGMMA_D64(0), FP4MOE_WGMMA_D64(64)
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
@@ -84,25 +104,18 @@ __device__ __forceinline__ void mma_m64n128k16_rs(float (&d)[64], const uint32_t
 #define FP4MOE_WGMMA_RS(TYPES)                                                                              \
   asm volatile(                                                                                             \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                           \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPES " {"                                             \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                              \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                    \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                    \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                      \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPES " {" FP4MOE_WGMMA_D_REGS_0_63                    \
       "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"                                                      \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),     \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),            \
-        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),          \
-        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),          \
-        "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),          \
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),          \
-        "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),          \
-        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),          \
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])           \
+      : FP4MOE_WGMMA_D64(0)                                                                                 \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
   if constexpr (kF16) FP4MOE_WGMMA_RS("f16.f16");
   else FP4MOE_WGMMA_RS("bf16.bf16");
 #undef FP4MOE_WGMMA_RS
 }
+
+#undef FP4MOE_WGMMA_D64
+#undef FP4MOE_WGMMA_D8
+#undef FP4MOE_WGMMA_D_REGS_64_127
+#undef FP4MOE_WGMMA_D_REGS_0_63
 
 }  // namespace fp4moe::kernels::ptx

@@ -81,7 +81,9 @@ FP4MOE_HD int acc_col(int t, int i) { return 8 * (i >> 2) + 2 * (t & 3) + (i & 1
 // The producer's A copies (cp.async, 16 bytes each): a tile of `rows` rows × 64 k is rows·8 chunks;
 // copy i (0 ≤ i < rows·8 / 128) of producer thread t (0..127) moves row m, chunk kc (k = 8·kc..).
 // Per warp instruction: 16 rows × 2 adjacent chunks — 32-byte global sectors read whole, and each
-// quarter-warp (8 lanes, one shared-memory phase) writes 128 contiguous bytes.
+// quarter-warp (8 lanes, one shared-memory phase) writes 128 contiguous bytes. The 64-row sweeps are
+// the fastest index: copy i of a tile is copy i / (rows / 64) of a 64-row tile, 64·(i % (rows / 64))
+// rows down (dynamic.cuh copy_a relies on it to keep few destinations live).
 struct ChunkCoord {
   int m, kc;
 };
