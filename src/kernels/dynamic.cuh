@@ -60,7 +60,9 @@ inline constexpr int kStages = 4;
 inline constexpr int kConsumers = 2;
 inline constexpr int kWarpgroup = 128;
 inline constexpr int kThreads = kWarpgroup * (1 + kConsumers);
-inline constexpr int kLdc = BN + 8;         // staging row stride in floats
+// Staging row stride in floats: 4 (mod 32) makes both the accumulator stores (8 weight rows × 4
+// routed rows per instruction) and the epilogue's float4 reads down 8 rows conflict-free.
+inline constexpr int kLdc = BN + 4;
 static_assert(BN == 64 * kConsumers, "one m64 wgmma row block of weights per consumer warpgroup");
 static_assert(kStages >= 3, "the producer signals stage s one step late (after starting s + 1)");
 
@@ -73,7 +75,7 @@ struct Smem {
   __nv_bfloat16 a[kStages][BM * BK];  // activation tiles (BM, BK) per stage, K-major, no swizzle
   uint4 w[kStages][kRowTiles][32];    // weight codes per stage: row tile j = 4c + warp, lane's 16 B
   alignas(16) uint8_t ws[kStages][kRowTiles][kMaxScaleBytes];  // their scales: [16 rows][64 / block]
-  float c[BM * kLdc];                 // epilogue staging: [routed row][tile column], alpha·acc + bias
+  alignas(16) float c[BM * kLdc];     // epilogue staging: [routed row][tile column], alpha·acc + bias
   FragTables tables;                  // E2M1 and scale byte → bf16x2, per lane
   uint64_t full[kStages];             // producer → consumers: stage written (and fenced for the async proxy)
   uint64_t empty[kStages];            // consumers → producer: stage read by the tensor cores

@@ -12,10 +12,20 @@
 //                    fragment-order codes (device_weights.h) and its scale bytes → code × scale in bf16,
 //                    written to the bf16 copy. Experts without routed rows are skipped.
 //   gemm_kernel      as dynamic's (3 warpgroups, persistent, the same epilogues), but both wgmma
-//                    operands come from shared memory: per stage the producer moves the n-tile's
-//                    128 × 64 weight tile with one bulk copy (TMA engine, no tensor map: the copy
-//                    already holds the shared-memory image) and the 256 × 64 activation tile with
-//                    cp.async into the same layout.
+//                    operands come from shared memory, and one producer thread fills each stage
+//                    with two TMA copies: the n-tile's 128 × 64 weight tile as one bulk copy (no
+//                    tensor map: the copy already holds the shared-memory image) and the 256 × 64
+//                    activation tile through a tensor map over A1 / A2 (built per launch,
+//                    launch_dynamic_bf16.cu) that applies the same 128B swizzle.
+//
+// Why TMA for the activations: with cp.async (16 per producer thread per stage, and each thread
+// waiting for its previous stage to land before handing it over) the consumers waited on "full"
+// for about half their time at mixtral T = 16384 (Nsight Compute, NOTES session 7: 35 % of all
+// warp samples on that one wait, L2 at 68 % of its throughput). A tensor copy is one instruction,
+// lands through the async proxy (no fence) and completes on the stage's barrier by itself, so the
+// producer runs ahead as far as the ring allows. The rows of a tile past its expert are the next
+// expert's rows (or zeros past the call's rows): they only reach accumulator columns that the
+// epilogue never stores, since column n of Dᵀ depends on routed row n alone.
 //
 // Tile: 128 weight rows × BM = 256 routed rows (the register path's is 128 × 128), each consumer
 // warpgroup 4 × wgmma m64n256k16 per stage. Why: at 128 × 128 a CTA moves 32 KB per 64-k step out of
@@ -41,6 +51,7 @@
 // stay in L2.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (the type only: the map is built on the host)
 #include <cuda_bf16.h>
 #include <cstdint>
 
@@ -145,10 +156,10 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams 
 // shared memory up to 1024 bytes (kSmemAlign of slack in the launch's size).
 inline constexpr uint32_t kSmemAlign = wgmma::kSw128Atom;
 struct alignas(1024) Smem {
-  __nv_bfloat16 a[kStages][BM * BK];   // activation tiles (256 rows, 64 k), sw128: 32 KB (cp.async, fenced)
+  __nv_bfloat16 a[kStages][BM * BK];   // activation tiles (256 rows, 64 k), sw128: 32 KB (tensor copies)
   __nv_bfloat16 w[kStages][BN * BK];   // weight tiles (128 rows, 64 k), sw128: 16 KB (bulk copies)
-  float c[kPartRows * kLdc];           // epilogue staging of one part (dynamic::finish_tile): 68 KB
-  uint64_t full[kStages];              // 128 producer arrivals + 1 with the bulk copy's bytes
+  float c[kPartRows * kLdc];           // epilogue staging of one part (dynamic::finish_tile): 66 KB
+  uint64_t full[kStages];              // 1 producer arrival with both copies' bytes
   uint64_t empty[kStages];             // 256 consumer arrivals
   int aborted;                         // watchdog (mbarrier.cuh)
 };
@@ -165,10 +176,14 @@ __device__ __forceinline__ TileInfo band_item(const MoeGemmParams& p, int w, int
   return dynamic::tile_at<BM>(p, tile_begin + band0 + r % size, r / size);
 }
 
+inline constexpr uint32_t kATileBytes = BM * BK * 2;  // 32 KB: one tensor copy per stage
+
+// The producer is one thread (the others of its warpgroup leave): per stage, once the consumers have
+// freed it, the weight tile by bulk copy and the activation tile by tensor copy, both completing
+// on "full" with their bytes.
 template <bool kFc1>
-__device__ __forceinline__ void produce(const MoeGemmParams& p, Smem& sm, int n_tiles, int tile_begin, int tiles,
-                                        const ptx::Watchdog& wd) {
-  const int t = threadIdx.x;  // 0..127
+__device__ __forceinline__ void produce(const MoeGemmParams& p, const CUtensorMap& a_map, Smem& sm, int n_tiles,
+                                        int tile_begin, int tiles, const ptx::Watchdog& wd) {
   const int ktiles = p.k_pad / BK, work = tiles * n_tiles;
   uint32_t it = 0;
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
@@ -177,16 +192,11 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem& sm, int n_
     for (int kt = 0; kt < ktiles; ++kt, ++it) {
       const int s = it % kStages;
       ptx::mbar_wait(&sm.empty[s], ((it / kStages) & 1) ^ 1, wd, dynamic::kWaitEmpty, it);
-      if (t == 0) {  // announce the bytes before the copy that completes them
-        ptx::mbar_arrive_expect_tx(&sm.full[s], kWTileBytes);
-        ptx::bulk_copy_g2s(sm.w[s], wsrc + static_cast<int64_t>(kt) * kWTileElems, kWTileBytes, &sm.full[s]);
-      }
-      dynamic::copy_a<true, BM>(p, sm.a[s], ti.row0, ti.valid, kt, t);  // 16 cp.async per thread
-      ptx::cp_async_commit();  // one group per stage
-      dynamic::hand_over<kStages>(sm.full, it);
+      ptx::mbar_arrive_expect_tx(&sm.full[s], kWTileBytes + kATileBytes);  // before the copies it announces
+      ptx::bulk_copy_g2s(sm.w[s], wsrc + static_cast<int64_t>(kt) * kWTileElems, kWTileBytes, &sm.full[s]);
+      ptx::tma_load_2d(sm.a[s], &a_map, kt * BK, ti.row0, &sm.full[s]);
     }
   }
-  dynamic::hand_over_last<kStages>(sm.full, it);
 }
 
 // Consumer warpgroup c: weight rows [64c, 64c + 64) of the stage's weight tile × its BM = 256
@@ -236,13 +246,16 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
   }
 }
 
-// n_tiles as dynamic's; the group (expert_base, expert_count, w_bf16) in p; watchdog as dynamic's.
+// n_tiles as dynamic's; the group (expert_base, expert_count, w_bf16) in p; a_map: p.a's rows as a
+// 2-D tensor (k_pad × a_rows bf16) with boxes of 64 k × BM rows and the 128B swizzle
+// (launch_dynamic_bf16.cu); watchdog as dynamic's.
 template <bool kFc1>
-__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(MoeGemmParams p, int n_tiles, int* watchdog) {
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_kernel(MoeGemmParams p, const __grid_constant__ CUtensorMap a_map, int n_tiles, int* watchdog) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t pad = (kSmemAlign - (ptx::smem_addr(smem_raw) & (kSmemAlign - 1))) & (kSmemAlign - 1);
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw + pad);
-  if (threadIdx.x == 0) dynamic::init_pipeline<kStages>(sm.full, sm.empty, kWarpgroup + 1, &sm.aborted);  // + the bulk copy's
+  if (threadIdx.x == 0) dynamic::init_pipeline<kStages>(sm.full, sm.empty, 1, &sm.aborted);  // the producer's one arrival
   __syncthreads();
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int tile_begin = p.expert_tile_offset[p.expert_base];
@@ -251,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(MoeGemmParams p, int 
   // 128·40 + 256·232 = 64512 ≤ 65536.
   if (threadIdx.x < kWarpgroup) {
     ptx::setmaxnreg_dec<40>();
-    produce<kFc1>(p, sm, n_tiles, tile_begin, tiles, wd);
+    if (threadIdx.x == 0) produce<kFc1>(p, a_map, sm, n_tiles, tile_begin, tiles, wd);
   } else {
     ptx::setmaxnreg_inc<232>();
     consume<kFc1>(p, sm, n_tiles, tile_begin, tiles, wd);

@@ -39,7 +39,7 @@ using GemmParams = MoeGemmParams;
 struct GemmSmem {
   __nv_bfloat16 a[2][BM][kSmemStride];  // A tiles, double-buffered (cp.async)
   __nv_bfloat16 b[BN][kSmemStride];     // dequantised weight tile: rows = n, contiguous k
-  float c[BM][BN + 4];                  // epilogue staging
+  alignas(16) float c[BM][BN + 4];      // epilogue staging (float4 reads)
   E2m1x2Table lut;
 };
 

@@ -277,6 +277,7 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0) {
 
   kernels::MoeGemmParams p{};
   p.a = reinterpret_cast<const __nv_bfloat16*>(d_a.get());
+  p.a_rows = rows;
   p.w_frag = reinterpret_cast<const uint4*>(d_fcodes.get());
   p.s_frag = d_fscales.get();
   p.w_rows = N, p.k_pad = K;

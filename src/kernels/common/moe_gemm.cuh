@@ -18,6 +18,7 @@ namespace fp4moe::kernels {
 
 struct MoeGemmParams {
   const __nv_bfloat16* a;       // [rows][k_pad] activations (A1 or A2)
+  int a_rows;                   // rows of `a` this call wrote (the bf16 path's tensor map spans them)
   const uint4* w_frag;          // [E_local][w_rows / 16][k_pad / 64] tiles in mma-fragment order (device_weights.h)
   const uint8_t* s_frag;        // their block scales, 16 · 64 / block bytes per tile
   int w_rows, k_pad;
@@ -66,18 +67,23 @@ __device__ __forceinline__ bool weight_row_valid(const MoeGemmParams& p, bool fc
   return weight_row<BN>(p, fc1, y, v) < p.w_rows;
 }
 
-// One quantisation block of the FC1 epilogue: kBlock intermediate columns col0.. of one staged row.
+// One quantisation block of the FC1 epilogue: kBlock intermediate columns col0.. of one staged row
+// (crow 16-byte aligned: the staging row strides are multiples of 4 floats), read as float4.
 template <int BN, int kBlock>
 __device__ __forceinline__ void fc1_epilogue_block(const MoeGemmParams& p, const float* crow, int col0, int e,
                                                    __nv_bfloat16* dst) {
   float h[kBlock];
 #pragma unroll
-  for (int i = 0; i < kBlock; ++i) {
-    const int col = col0 + i;
-    const float g = p.gated ? crow[BN / 2 + col] : crow[col];
-    const float u = p.gated ? crow[col] : 0.0f;
-    // Round to bf16 after the activation, before requantisation (reference §2.4).
-    h[i] = fmt::round_bf16(apply_activation<float>(p.activation, g, u, p.sw_alpha, p.sw_beta, p.sw_limit));
+  for (int i = 0; i < kBlock; i += 4) {
+    const float4 first = *reinterpret_cast<const float4*>(crow + col0 + i);  // up (gated) or the input
+    const float4 gate = p.gated ? *reinterpret_cast<const float4*>(crow + BN / 2 + col0 + i) : first;
+    const float gs[4] = {gate.x, gate.y, gate.z, gate.w}, us[4] = {first.x, first.y, first.z, first.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float u = p.gated ? us[j] : 0.0f;
+      // Round to bf16 after the activation, before requantisation (reference §2.4).
+      h[i + j] = fmt::round_bf16(apply_activation<float>(p.activation, gs[j], u, p.sw_alpha, p.sw_beta, p.sw_limit));
+    }
   }
   __nv_bfloat16 q[kBlock];
   quant_dequant_block(p.q2, h, p.q2_scale[e], q);
@@ -87,7 +93,10 @@ __device__ __forceinline__ void fc1_epilogue_block(const MoeGemmParams& p, const
 
 // FC1: staged rows [0, rows) of n-tile y → activation → bf16 → Q2 → A2[grow0 + r], one quantisation
 // block per task, tasks spread over `nthreads` threads (this thread is `tid`). Blocks past i_pad (a
-// partial last tile of a non-gated FC1) are skipped.
+// partial last tile of a non-gated FC1) are skipped. Consecutive threads take consecutive rows of
+// one block: with a row stride of 4 (mod 32) floats, 8 threads' float4 reads then cover the 32
+// banks once (dynamic's kLdc); taking a row's blocks side by side instead was an 8-way bank
+// conflict on every read (Nsight Compute, NOTES session 7).
 template <int BN>
 __device__ __forceinline__ void fc1_store_rows(const MoeGemmParams& p, const float* c, int ldc, int rows, int grow0,
                                                int e, int y, int tid, int nthreads) {
@@ -96,7 +105,7 @@ __device__ __forceinline__ void fc1_store_rows(const MoeGemmParams& p, const flo
   const int qb = quant_block(p.q2);
   const int nb = cols / qb;
   for (int task = tid; task < rows * nb; task += nthreads) {
-    const int r = task / nb, b = task % nb;
+    const int r = task % rows, b = task / rows;
     if (i0 + b * qb >= p.i_pad) continue;
     __nv_bfloat16* dst = p.a2 + static_cast<int64_t>(grow0 + r) * p.i_pad + i0 + b * qb;
     if (qb == 16) fc1_epilogue_block<BN, 16>(p, c + r * ldc, b * 16, e, dst);

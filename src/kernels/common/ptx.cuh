@@ -30,6 +30,19 @@ __device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, uint
                : "memory");
 }
 
+// Tensor copy (sm_90 TMA, 2-D tensor map): the box at element coordinates (c0, c1) of the map's
+// tensor (c0 the contiguous dimension) → shared memory at `smem`, laid out and swizzled as the map
+// says (a 128B swizzle needs `smem` 1024-byte aligned); elements outside the tensor arrive as zeros.
+// Completes the box's bytes on the mbarrier `bar` (mbar_arrive_expect_tx first), through the async
+// proxy like bulk_copy_g2s. `tmap`: the address of a __grid_constant__ CUtensorMap parameter.
+__device__ __forceinline__ void tma_load_2d(void* smem, const void* tmap, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_addr(smem)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+      : "memory");
+}
+
 // ldmatrix.x4: four 8x8 b16 matrices; lane l supplies the row address of matrix l/8, row l%8.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
