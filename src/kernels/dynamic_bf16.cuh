@@ -42,9 +42,11 @@
 // swizzle its two GEMMs run at 44–45 % there (NOTES session 6).
 //
 // The bf16 copy, per group of experts: tile (slot, y, kt) of BN weight rows (the n-tile's virtual
-// rows, moe_gemm.cuh weight_row: a gated FC1 tile is 64 up rows then their 64 gate rows) × BK k, in
-// the 128B-swizzled K-major layout (wgmma_layout.h), 16 KB each, tiles in (slot, y, kt) order.
-// Rows past w_rows are zeros.
+// rows) × BK k, in the 128B-swizzled K-major layout (wgmma_layout.h), 16 KB each, tiles in
+// (slot, y, kt) order. Virtual rows are moe_gemm.cuh weight_row's (rows past w_rows are zeros),
+// except for a gated FC1, whose tile y holds intermediate columns j = 64y + jj (jj < 64) with an
+// interleave of 8: virtual row 16q + r is the up row of j = 64y + 8q + r for r < 8 and the gate row
+// of j = 64y + 8q + r - 8 otherwise, so that one accumulator thread holds both (fc1_finish).
 //
 // Work order: bands of kBand m-tiles × all n-tiles, m-tile fastest inside a band. The CTAs in
 // flight then share weight tiles (read from HBM about once per band) while the band's activations
@@ -116,14 +118,36 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams 
     const int e = p.expert_base + slot;
     if (p.expert_offset[e + 1] == p.expert_offset[e]) continue;  // no routed rows: never read
     const int v0 = 16 * q;
-    const dynamic::RowTile rt = dynamic::row_tile<kFc1>(p, TileInfo{y, e, 0, 0}, q);  // rows v0.. of the n-tile
-    const bool ok = rt.ok;
     uint4 codes = make_uint4(0, 0, 0, 0);
     uint32_t slo = 0, shi = 0;
-    if (ok) {
-      const uint64_t ftile = rt.tile0 + kt;
-      codes = __ldg(p.w_frag + ftile * 32 + lane);
-      frag_scales(p.s_frag + ftile * 16 * sb, sb, slo, shi);
+    bool ok = true;
+    if (kFc1 && p.gated) {
+      // Interleaved unit (gated_row below): its rows 0..7 are the up rows of intermediate columns
+      // j0..j0 + 7, rows 8..15 their gate rows, each the top (hh = 0) or bottom half of a fragment
+      // tile. Lane (g, c)'s byte r of a word is row g + 8·(r & 1): take the up tile's byte
+      // (r & 2) | hh for even r and the gate tile's for odd r; the scales likewise.
+      const int j0 = y * (BN / 2) + 8 * q, hh = (j0 >> 3) & 1;
+      const uint32_t per_expert = static_cast<uint32_t>(p.w_rows / 16) * ktiles;
+      const uint32_t tu = e * per_expert + static_cast<uint32_t>(j0 / 16) * ktiles + kt;
+      const uint32_t tg = e * per_expert + static_cast<uint32_t>((p.i_pad + j0) / 16) * ktiles + kt;
+      const uint4 cu = __ldg(p.w_frag + static_cast<uint64_t>(tu) * 32 + lane);
+      const uint4 cg = __ldg(p.w_frag + static_cast<uint64_t>(tg) * 32 + lane);
+      uint32_t ulo, uhi, glo, ghi;
+      frag_scales(p.s_frag + static_cast<uint64_t>(tu) * 16 * sb, sb, ulo, uhi);
+      frag_scales(p.s_frag + static_cast<uint64_t>(tg) * 16 * sb, sb, glo, ghi);
+      const uint32_t sel = hh ? 0x7351u : 0x6240u;
+      codes = make_uint4(__byte_perm(cu.x, cg.x, sel), __byte_perm(cu.y, cg.y, sel), __byte_perm(cu.z, cg.z, sel),
+                         __byte_perm(cu.w, cg.w, sel));
+      slo = hh ? uhi : ulo;
+      shi = hh ? ghi : glo;
+    } else {
+      const dynamic::RowTile rt = dynamic::row_tile<kFc1>(p, TileInfo{y, e, 0, 0}, q);  // rows v0.. of the n-tile
+      ok = rt.ok;
+      if (ok) {
+        const uint64_t ftile = rt.tile0 + kt;
+        codes = __ldg(p.w_frag + ftile * 32 + lane);
+        frag_scales(p.s_frag + ftile * 16 * sb, sb, slo, shi);
+      }
     }
     unsigned char* dst = reinterpret_cast<unsigned char*>(p.w_bf16 + wtile_offset(slot, y, kt, n_tiles, p.k_pad));
     const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
@@ -152,13 +176,21 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams 
 }
 
 // ---- the GEMM ---------------------------------------------------------------------------------------
+// FC1's staging row: 128 intermediate columns (64 when gated) of h in bf16, padded so that the
+// accumulator stores (8 columns × 4 rows two apart per instruction) and the 16-byte reads down 8
+// rows are both conflict-free (row stride 68 words).
+inline constexpr int kHs = BN + 8;
+
 // Tiles in the 128B-swizzled layout, so each starts 1024-byte aligned: the kernel aligns its dynamic
 // shared memory up to 1024 bytes (kSmemAlign of slack in the launch's size).
 inline constexpr uint32_t kSmemAlign = wgmma::kSw128Atom;
 struct alignas(1024) Smem {
   __nv_bfloat16 a[kStages][BM * BK];   // activation tiles (256 rows, 64 k), sw128: 32 KB (tensor copies)
   __nv_bfloat16 w[kStages][BN * BK];   // weight tiles (128 rows, 64 k), sw128: 16 KB (bulk copies)
-  float c[kPartRows * kLdc];           // epilogue staging of one part (dynamic::finish_tile): 66 KB
+  union {                              // epilogue staging
+    float c[kPartRows * kLdc];         // FC2: one part of alpha·acc + bias (dynamic::finish_tile), 66 KB
+    uint16_t h[BM * kHs];              // FC1: the tile's activations h in bf16 (fc1_finish), 68 KB
+  };
   uint64_t full[kStages];              // 1 producer arrival with both copies' bytes
   uint64_t empty[kStages];             // 256 consumer arrivals
   int aborted;                         // watchdog (mbarrier.cuh)
@@ -197,6 +229,84 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, const CUtensorMa
       ptx::tma_load_2d(sm.a[s], &a_map, kt * BK, ti.row0, &sm.full[s]);
     }
   }
+}
+
+// One quantisation block of kBlock staged bf16 activations (16-byte aligned) → Q2 → A2.
+template <int kBlock>
+__device__ __forceinline__ void fc1_requantise(const MoeGemmParams& p, const uint16_t* src, int e, __nv_bfloat16* dst) {
+  float h[kBlock];
+#pragma unroll
+  for (int i = 0; i < kBlock; i += 8) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(src + i);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      h[i + 2 * j] = fmt::f32_from_bf16(static_cast<uint16_t>(w[j] & 0xFFFFu));
+      h[i + 2 * j + 1] = fmt::f32_from_bf16(static_cast<uint16_t>(w[j] >> 16));
+    }
+  }
+  __nv_bfloat16 q[kBlock];
+  quant_dequant_block(p.q2, h, p.q2_scale[e], q);
+#pragma unroll
+  for (int i = 0; i < kBlock; i += 8) *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(q + i);
+}
+
+// The FC1 epilogue, computed where the accumulators are. Thread t of consumer c holds D rows
+// 16·warp + g and + 8 (g = lane / 4) of its 64 × 256 block for routed rows acc_col(t, i).
+//   Gated: the tile's virtual rows are interleaved by 8 (the pre-pass writes them so), so those two
+//   rows are the up and the gate row of one intermediate column jj = 32c + 8·warp + g. The thread
+//   applies alpha, the biases and the activation to its 64 (up, gate) pairs in registers.
+//   Otherwise its two rows are two intermediate columns, 128 values.
+// h, rounded to bf16 (reference §2.4), goes to the staging as [routed row][column]; after one
+// barrier each thread requantises its routed row's blocks (the FC2 input) into A2.
+// Why: staging alpha·acc + bias in fp32 took two passes per 256-row tile (the staging holds 128
+// rows) and each quantisation task first gathered 32 staged floats; FC1 ran at 65 % of the bf16
+// rate against FC2's 93 % with the same main loop (NOTES session 7).
+template <int kAccN>
+__device__ __forceinline__ void fc1_finish(const MoeGemmParams& p, const TileInfo& ti, const float (&acc)[kAccN],
+                                           uint16_t* hs, int c, int t, int ct) {
+  const int warp = t >> 5, g = (t & 31) >> 2, l4 = t & 3;
+  const float alpha = p.alpha[ti.e];
+  const float* be = p.bias ? p.bias + static_cast<int64_t>(ti.e) * p.w_rows : nullptr;
+  const int cols = p.gated ? BN / 2 : BN;  // intermediate columns of the tile
+  if (p.gated) {
+    const int jj = 32 * c + 8 * warp + g, j = ti.y * cols + jj;
+    const float bu = be ? be[j] : 0.0f, bg = be ? be[p.i_pad + j] : 0.0f;
+#pragma unroll
+    for (int q = 0; q < kAccN / 4; ++q)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const float u = alpha * acc[4 * q + b] + bu, gate = alpha * acc[4 * q + 2 + b] + bg;
+        const float h = apply_activation<float>(p.activation, gate, u, p.sw_alpha, p.sw_beta, p.sw_limit);
+        hs[(8 * q + 2 * l4 + b) * kHs + jj] = fmt::bf16_from_f32(h);
+      }
+  } else {
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      const int v = 64 * c + 16 * warp + g + 8 * h2, row = ti.y * BN + v;
+      const bool ok = row < p.w_rows;
+      const float bias = ok && be ? be[row] : 0.0f;
+#pragma unroll
+      for (int q = 0; q < kAccN / 4; ++q)
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const float x = alpha * acc[4 * q + 2 * h2 + b] + bias;
+          const float h = apply_activation<float>(p.activation, x, 0.0f, p.sw_alpha, p.sw_beta, p.sw_limit);
+          hs[(8 * q + 2 * l4 + b) * kHs + v] = ok ? fmt::bf16_from_f32(h) : uint16_t{0};
+        }
+    }
+  }
+  ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
+  if (ct < ti.valid) {  // thread ct requantises routed row ct of the tile
+    const int qb = quant_block(p.q2), i0 = ti.y * cols;
+    const uint16_t* src = hs + ct * kHs;
+    __nv_bfloat16* dst = p.a2 + static_cast<int64_t>(ti.row0 + ct) * p.i_pad + i0;
+    for (int b = 0; b * qb < cols && i0 + b * qb < p.i_pad; ++b) {
+      if (qb == 16) fc1_requantise<16>(p, src + 16 * b, ti.e, dst + 16 * b);
+      else fc1_requantise<32>(p, src + 32 * b, ti.e, dst + 32 * b);
+    }
+  }
+  ptx::named_barrier_sync(1, kConsumers * kWarpgroup);  // the staging is reused by the next tile
 }
 
 // Consumer warpgroup c: weight rows [64c, 64c + 64) of the stage's weight tile × its BM = 256
@@ -238,10 +348,14 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
     ptx::mbar_arrive(&sm.empty[(it - 1) % kStages]);
     // The epilogue in parts of kPartRows routed rows through the one staging buffer; a part without
     // rows (the tile's last rows past the expert) is skipped by all 256 threads alike.
+    if constexpr (kFc1) {
+      fc1_finish(p, ti, acc, sm.h, c, t, ct);
+    } else {
 #pragma unroll
-    for (int part = 0; part < kParts; ++part) {
-      const TileInfo pi{ti.y, ti.e, ti.row0 + kPartRows * part, ti.valid - kPartRows * part};
-      if (pi.valid > 0) dynamic::finish_tile<kFc1>(p, pi, acc, sm.c, c, t, ct, part);
+      for (int part = 0; part < kParts; ++part) {
+        const TileInfo pi{ti.y, ti.e, ti.row0 + kPartRows * part, ti.valid - kPartRows * part};
+        if (pi.valid > 0) dynamic::finish_tile<false>(p, pi, acc, sm.c, c, t, ct, part);
+      }
     }
   }
 }
