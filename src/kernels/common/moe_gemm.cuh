@@ -68,22 +68,34 @@ __device__ __forceinline__ bool weight_row_valid(const MoeGemmParams& p, bool fc
 }
 
 // One quantisation block of the FC1 epilogue: kBlock intermediate columns col0.. of one staged row
-// (crow 16-byte aligned: the staging row strides are multiples of 4 floats), read as float4.
+// (crow 16-byte aligned: the staging row strides are multiples of 4 floats). The activation runs
+// in a rolled loop over groups of 4 columns and writes h back over the up (or input) columns, which
+// only this task reads; then the block is requantised from there. Why rolled: unrolled over the
+// block with every activation's code, dynamic's FC1 kernels were 12–23 K instructions and their
+// epilogues ran from instruction-cache misses (NOTES session 7).
 template <int BN, int kBlock>
-__device__ __forceinline__ void fc1_epilogue_block(const MoeGemmParams& p, const float* crow, int col0, int e,
+__device__ __forceinline__ void fc1_epilogue_block(const MoeGemmParams& p, float* crow, int col0, int e,
                                                    __nv_bfloat16* dst) {
-  float h[kBlock];
-#pragma unroll
+#pragma unroll 1
   for (int i = 0; i < kBlock; i += 4) {
-    const float4 first = *reinterpret_cast<const float4*>(crow + col0 + i);  // up (gated) or the input
-    const float4 gate = p.gated ? *reinterpret_cast<const float4*>(crow + BN / 2 + col0 + i) : first;
-    const float gs[4] = {gate.x, gate.y, gate.z, gate.w}, us[4] = {first.x, first.y, first.z, first.w};
+    float4* const first = reinterpret_cast<float4*>(crow + col0 + i);  // up (gated) or the input
+    const float4 f = *first;
+    const float4 gate = p.gated ? *reinterpret_cast<const float4*>(crow + BN / 2 + col0 + i) : f;
+    const float gs[4] = {gate.x, gate.y, gate.z, gate.w}, us[4] = {f.x, f.y, f.z, f.w};
+    float h[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const float u = p.gated ? us[j] : 0.0f;
       // Round to bf16 after the activation, before requantisation (reference §2.4).
-      h[i + j] = fmt::round_bf16(apply_activation<float>(p.activation, gs[j], u, p.sw_alpha, p.sw_beta, p.sw_limit));
+      h[j] = fmt::round_bf16(apply_activation<float>(p.activation, gs[j], u, p.sw_alpha, p.sw_beta, p.sw_limit));
     }
+    *first = make_float4(h[0], h[1], h[2], h[3]);
+  }
+  float h[kBlock];
+#pragma unroll
+  for (int i = 0; i < kBlock; i += 4) {
+    const float4 v = *reinterpret_cast<const float4*>(crow + col0 + i);
+    h[i] = v.x, h[i + 1] = v.y, h[i + 2] = v.z, h[i + 3] = v.w;
   }
   __nv_bfloat16 q[kBlock];
   quant_dequant_block(p.q2, h, p.q2_scale[e], q);
@@ -98,7 +110,7 @@ __device__ __forceinline__ void fc1_epilogue_block(const MoeGemmParams& p, const
 // banks once (dynamic's kLdc); taking a row's blocks side by side instead was an 8-way bank
 // conflict on every read (Nsight Compute, NOTES session 7).
 template <int BN>
-__device__ __forceinline__ void fc1_store_rows(const MoeGemmParams& p, const float* c, int ldc, int rows, int grow0,
+__device__ __forceinline__ void fc1_store_rows(const MoeGemmParams& p, float* c, int ldc, int rows, int grow0,
                                                int e, int y, int tid, int nthreads) {
   const int cols = p.gated ? BN / 2 : BN;
   const int i0 = y * cols;
