@@ -83,26 +83,22 @@ struct Smem {
 };
 static_assert(sizeof(Smem) <= 227 * 1024, "past the sm_90 opt-in shared memory per CTA");
 
-// cp.async of the stage's activation tile of kRows rows: rows row0 + m (m < valid; the rest
-// zero-filled), k = kt·64 ..., kRows · 8 / 128 copies of 16 bytes per producer thread t.
-// kSw128: the tile in the 128B-swizzled layout (wgmma_layout.h sw128_offset, the bf16 path) instead.
-template <bool kSw128 = false, int kRows = BM>
+// cp.async of the stage's activation tile: rows row0 + m (m < valid; the rest zero-filled),
+// k = kt·64 ..., BM · 8 / 128 copies of 16 bytes per producer thread t.
 __device__ __forceinline__ void copy_a(const MoeGemmParams& p, __nv_bfloat16* tile, int row0, int valid, int kt, int t) {
-  static_assert(kRows % 64 == 0, "a_copy_chunk sweeps 64 rows at a time");
-  constexpr int kSweeps = kRows / 64;
-  auto offset = [](int m, int k) { return kSw128 ? wgmma::sw128_offset(m, k) : wgmma::kmajor_offset(kRows, m, k); };
+  static_assert(BM % 64 == 0, "a_copy_chunk sweeps 64 rows at a time");
+  constexpr int kSweeps = BM / 64;
   unsigned char* base = reinterpret_cast<unsigned char*>(tile);
 #pragma unroll
-  for (int i = 0; i < kRows * (BK / 8) / kWarpgroup; ++i) {
+  for (int i = 0; i < BM * (BK / 8) / kWarpgroup; ++i) {
     // Copy i is copy i / kSweeps of the first 64-row sweep, 64·(i % kSweeps) rows down
-    // (wgmma_layout.h a_copy_chunk), and in both layouts row m + 64s lies offset(64s, 0) past row m.
-    // Spelt out, the thread's destinations are 4 offsets plus constants: at kRows = 256 ptxas kept
-    // 16 of them live and spilled in the producer's 40 registers.
+    // (wgmma_layout.h a_copy_chunk), and row m + 64s lies kmajor_offset(64s, 0) past row m, so the
+    // thread's destinations are few offsets plus constants (fewer live registers in the producer's 40).
     const wgmma::ChunkCoord cc = wgmma::a_copy_chunk(64, t, i / kSweeps);
     const int m = cc.m + 64 * (i % kSweeps);
     const bool ok = m < valid;
     const __nv_bfloat16* src = p.a + static_cast<int64_t>(row0 + (ok ? m : 0)) * p.k_pad + kt * BK + cc.kc * 8;
-    const uint32_t dst = offset(cc.m, 8 * cc.kc) + offset(64 * (i % kSweeps), 0);
+    const uint32_t dst = wgmma::kmajor_offset(BM, cc.m, 8 * cc.kc) + wgmma::kmajor_offset(BM, 64 * (i % kSweeps), 0);
     ptx::cp_async_16(base + dst, src, ok ? 16 : 0);
   }
 }
@@ -162,7 +158,7 @@ __device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileIn
 // Thread 0, before the CTA's first __syncthreads: the stages' barriers ("full" completes a phase
 // after full_arrivals arrivals, "empty" after both consumers'), the watchdog flag, and a fence that
 // makes the initialisations visible to the async proxy (bulk copies completing on "full").
-// kRing: the ring's stages (the bf16 path has its own count); likewise in the hand-overs below.
+// kRing: the ring's stages (the bf16 path has its own count).
 template <int kRing = kStages>
 __device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, unsigned full_arrivals, int* aborted) {
   static_assert(kRing >= 3, "the producer signals stage s one step late (after starting s + 1)");
@@ -176,19 +172,17 @@ __device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, u
 
 // The producer's hand-over, one step late: once stage it's copies are issued, this thread's copies
 // of stage it - 1 have landed → fenced for the async proxy → "full". The last stage after the loop.
-template <int kRing = kStages>
 __device__ __forceinline__ void hand_over(uint64_t* full, uint32_t it) {
   if (it == 0) return;
   ptx::cp_async_wait<1>();        // this thread's copies of stage it - 1 have landed
   ptx::fence_proxy_async_smem();  // its generic-proxy writes → visible to wgmma (async proxy)
-  ptx::mbar_arrive(&full[(it - 1) % kRing]);
+  ptx::mbar_arrive(&full[(it - 1) % kStages]);
 }
-template <int kRing = kStages>
 __device__ __forceinline__ void hand_over_last(uint64_t* full, uint32_t it) {
   if (it == 0) return;
   ptx::cp_async_wait<0>();
   ptx::fence_proxy_async_smem();
-  ptx::mbar_arrive(&full[(it - 1) % kRing]);
+  ptx::mbar_arrive(&full[(it - 1) % kStages]);
 }
 
 // Row tile j (weight rows 16j.. of the n-tile) of the work item: whether it is inside w_rows

@@ -32,8 +32,9 @@
 // L2 (16 KB weights, 16 KB activations), which at the measured 44–45 % of the bf16 rate is ~5.6 TB/s
 // over 132 SMs, near what Hopper's L2 delivers (docs/next-steps.md "Prefill"; derived, not
 // measured). At 128 × 256 a step moves 48 KB for twice the MACs: 25 % fewer bytes per MAC. The cost:
-// 48 KB stages leave room for 3 of them beside the epilogue staging, which holds half the tile's
-// routed rows and so runs twice per tile; the routing list is built with tile_m = 256 for this path
+// 48 KB stages leave room for 3 of them beside the epilogue staging (FC2 stages half the tile's
+// routed rows at a time, so its epilogue runs twice per tile; FC1 stages bf16 h in one pass); the
+// routing list is built with tile_m = 256 for this path
 // (launch_dynamic.cu).
 //
 // Both operands are K-major with the 128-byte swizzle (wgmma_layout.h sw128_offset), the layout of
@@ -122,19 +123,21 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams 
     uint32_t slo = 0, shi = 0;
     bool ok = true;
     if (kFc1 && p.gated) {
-      // Interleaved unit (gated_row below): its rows 0..7 are the up rows of intermediate columns
-      // j0..j0 + 7, rows 8..15 their gate rows, each the top (hh = 0) or bottom half of a fragment
-      // tile. Lane (g, c)'s byte r of a word is row g + 8·(r & 1): take the up tile's byte
+      // Interleaved unit (the copy's layout, file comment): its rows 0..7 are the up rows of
+      // intermediate columns j0 = 64y + 8q .. j0 + 7, rows 8..15 their gate rows, each the top
+      // (hh = 0) or bottom half of a fragment tile: weight_row's row tiles q / 2 (up) and 4 + q / 2
+      // (gate). Lane (g, c)'s byte r of a word is row g + 8·(r & 1): take the up tile's byte
       // (r & 2) | hh for even r and the gate tile's for odd r; the scales likewise.
-      const int j0 = y * (BN / 2) + 8 * q, hh = (j0 >> 3) & 1;
-      const uint32_t per_expert = static_cast<uint32_t>(p.w_rows / 16) * ktiles;
-      const uint32_t tu = e * per_expert + static_cast<uint32_t>(j0 / 16) * ktiles + kt;
-      const uint32_t tg = e * per_expert + static_cast<uint32_t>((p.i_pad + j0) / 16) * ktiles + kt;
-      const uint4 cu = __ldg(p.w_frag + static_cast<uint64_t>(tu) * 32 + lane);
-      const uint4 cg = __ldg(p.w_frag + static_cast<uint64_t>(tg) * 32 + lane);
+      const int hh = q & 1;
+      const dynamic::RowTile ru = dynamic::row_tile<kFc1>(p, TileInfo{y, e, 0, 0}, q / 2);
+      const dynamic::RowTile rg = dynamic::row_tile<kFc1>(p, TileInfo{y, e, 0, 0}, 4 + q / 2);
+      ok = ru.ok && rg.ok;  // i_pad is a multiple of 64: always
+      const uint64_t tu = ru.tile0 + kt, tg = rg.tile0 + kt;
+      const uint4 cu = __ldg(p.w_frag + tu * 32 + lane);
+      const uint4 cg = __ldg(p.w_frag + tg * 32 + lane);
       uint32_t ulo, uhi, glo, ghi;
-      frag_scales(p.s_frag + static_cast<uint64_t>(tu) * 16 * sb, sb, ulo, uhi);
-      frag_scales(p.s_frag + static_cast<uint64_t>(tg) * 16 * sb, sb, glo, ghi);
+      frag_scales(p.s_frag + tu * 16 * sb, sb, ulo, uhi);
+      frag_scales(p.s_frag + tg * 16 * sb, sb, glo, ghi);
       const uint32_t sel = hh ? 0x7351u : 0x6240u;
       codes = make_uint4(__byte_perm(cu.x, cg.x, sel), __byte_perm(cu.y, cg.y, sel), __byte_perm(cu.z, cg.z, sel),
                          __byte_perm(cu.w, cg.w, sel));
@@ -184,7 +187,8 @@ inline constexpr int kHs = BN + 8;
 // (conflict-free 16-byte reads down rows; the stores are 2-way).
 inline constexpr int kPairChunk = 16;
 inline constexpr int kHsGated = BN / 2 + 8;
-static_assert(kPairChunk * 256 * 8 + BM * kHsGated * 2 <= BM * kHs * 2, "the gated staging fits the FC1 staging");
+inline constexpr int kHsGatedOffset = kPairChunk * kConsumers * kWarpgroup * 4;  // bf16 elements past the pairs
+static_assert(kHsGatedOffset * 2 + BM * kHsGated * 2 <= BM * kHs * 2, "the gated staging fits the FC1 staging");
 
 // Tiles in the 128B-swizzled layout, so each starts 1024-byte aligned: the kernel aligns its dynamic
 // shared memory up to 1024 bytes (kSmemAlign of slack in the launch's size).
@@ -281,7 +285,7 @@ __device__ __forceinline__ void fc1_finish(const MoeGemmParams& p, const TileInf
     // instructions and its epilogue ran from instruction-cache misses (FC1 22.7 ms against 14.7;
     // NOTES session 7).
     float2* const pairs = reinterpret_cast<float2*>(hs);                  // 16 × 256 pairs: 32 KB
-    uint16_t* const hg = hs + kPairChunk * kConsumers * kWarpgroup * 4;  // then [256][kHsGated]
+    uint16_t* const hg = hs + kHsGatedOffset;                             // then [256][kHsGated]
     const int jj = 32 * c + 8 * warp + g, j = ti.y * cols + jj;
     const float bu = be ? be[j] : 0.0f, bg = be ? be[p.i_pad + j] : 0.0f;
 #pragma unroll
@@ -297,7 +301,7 @@ __device__ __forceinline__ void fc1_finish(const MoeGemmParams& p, const TileInf
         const float2 ug = pairs[k * kConsumers * kWarpgroup + ct];
         const float h = apply_activation<float>(p.activation, ug.y, ug.x, p.sw_alpha, p.sw_beta, p.sw_limit);
         const int idx = chunk * kPairChunk + k, n = 8 * (idx >> 1) + 2 * l4 + (idx & 1);
-        hg[n * kHsGated + jj] = __bfloat16_as_ushort(__float2bfloat16_rn(h));  // RNE, as fmt::bf16_from_f32
+        hg[n * kHsGated + jj] = __bfloat16_as_ushort(__float2bfloat16_rn(h));  // RNE as fmt::bf16_from_f32 (a NaN stays a NaN)
       }
     }
   } else {  // relu2, the one activation without a gate: its code is small enough to unroll
@@ -319,7 +323,7 @@ __device__ __forceinline__ void fc1_finish(const MoeGemmParams& p, const TileInf
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
   if (ct < ti.valid) {  // thread ct requantises routed row ct of the tile
     const int qb = quant_block(p.q2), i0 = ti.y * cols;
-    const uint16_t* src = p.gated ? hs + kPairChunk * kConsumers * kWarpgroup * 4 + ct * kHsGated : hs + ct * kHs;
+    const uint16_t* src = p.gated ? hs + kHsGatedOffset + ct * kHsGated : hs + ct * kHs;
     __nv_bfloat16* dst = p.a2 + static_cast<int64_t>(ti.row0 + ct) * p.i_pad + i0;
     for (int b = 0; b * qb < cols && i0 + b * qb < p.i_pad; ++b) {
       if (qb == 16) fc1_requantise<16>(p, src + 16 * b, ti.e, dst + 16 * b);
@@ -366,11 +370,11 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
     ptx::wgmma_wait<0>();
     ptx::fence_operand(acc);
     ptx::mbar_arrive(&sm.empty[(it - 1) % kStages]);
-    // The epilogue in parts of kPartRows routed rows through the one staging buffer; a part without
-    // rows (the tile's last rows past the expert) is skipped by all 256 threads alike.
     if constexpr (kFc1) {
       fc1_finish(p, ti, acc, sm.h, c, t, ct);
     } else {
+      // FC2 in parts of kPartRows routed rows through the one staging buffer; a part without rows
+      // (the tile's last rows past the expert) is skipped by all 256 threads alike.
 #pragma unroll
       for (int part = 0; part < kParts; ++part) {
         const TileInfo pi{ti.y, ti.e, ti.row0 + kPartRows * part, ti.valid - kPartRows * part};
