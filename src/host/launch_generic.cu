@@ -28,6 +28,8 @@ GenericWorkspace::GenericWorkspace(const MoeConfig& c, const DeviceWeights& w, i
   row_expert = DeviceBuffer(R * sizeof(int), "workspace.row_expert");
   expert_offset = DeviceBuffer((EL + 1) * sizeof(int), "workspace.expert_offset");
   expert_tile_offset = DeviceBuffer((EL + 1) * sizeof(int), "workspace.expert_tile_offset");
+  route_counts = DeviceBuffer(EL * sizeof(int), "workspace.route_counts");
+  route_cursor = DeviceBuffer(EL * sizeof(int), "workspace.route_cursor");
   tile_expert = DeviceBuffer(tiles * sizeof(int), "workspace.tile_expert");
   tile_row0 = DeviceBuffer(tiles * sizeof(int), "workspace.tile_row0");
   tile_capacity = tiles;
@@ -39,8 +41,8 @@ GenericWorkspace::GenericWorkspace(const MoeConfig& c, const DeviceWeights& w, i
 
 size_t GenericWorkspace::bytes() const {
   size_t s = 0;
-  for (const DeviceBuffer* b : {&route_row, &row_route, &row_expert, &expert_offset, &expert_tile_offset, &tile_expert, &tile_row0,
-                                &num_tiles, &a1, &a2, &y})
+  for (const DeviceBuffer* b : {&route_row, &row_route, &row_expert, &expert_offset, &expert_tile_offset, &route_counts,
+                                &route_cursor, &tile_expert, &tile_row0, &num_tiles, &a1, &a2, &y})
     s += b->bytes();
   return s;
 }
@@ -55,8 +57,22 @@ void launch_route(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, in
                             ws.expert_offset.get<int>(), ws.expert_tile_offset.get<int>(), ws.route_row.get<int>(), ws.row_route.get<int>(),
                             ws.row_expert.get<int>(), ws.tile_expert.get<int>(), ws.tile_row0.get<int>(),
                             ws.num_tiles.get<int>()};
-  kernels::route_kernel<<<1, kernels::kRouteThreads, 0, a.stream>>>(rp);
-  FP4MOE_CHECK_LAUNCH("route_kernel");
+  if (R <= kernels::kRouteChunk) {
+    kernels::route_kernel<<<1, kernels::kRouteThreads, 0, a.stream>>>(rp);
+    FP4MOE_CHECK_LAUNCH("route_kernel");
+    return;
+  }
+  // Many CTAs, one chunk each (routing.cuh): counts from zero, scans, placement.
+  const unsigned chunks = static_cast<unsigned>((R + kernels::kRouteChunk - 1) / kernels::kRouteChunk);
+  int* const counts = ws.route_counts.get<int>();
+  int* const cursor = ws.route_cursor.get<int>();
+  FP4MOE_CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<size_t>(EL) * sizeof(int), a.stream));
+  kernels::route_count_kernel<<<chunks, kernels::kRouteChunkThreads, 0, a.stream>>>(rp, counts);
+  FP4MOE_CHECK_LAUNCH("route_count_kernel");
+  kernels::route_scan_kernel<<<1, kernels::kRouteThreads, 0, a.stream>>>(rp, counts, cursor);
+  FP4MOE_CHECK_LAUNCH("route_scan_kernel");
+  kernels::route_place_kernel<<<chunks, kernels::kRouteChunkThreads, 0, a.stream>>>(rp, cursor);
+  FP4MOE_CHECK_LAUNCH("route_place_kernel");
 }
 
 void launch_gather_quantize(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a) {
