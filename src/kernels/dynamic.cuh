@@ -66,7 +66,9 @@ inline constexpr int kLdc = BN + 4;
 static_assert(BN == 64 * kConsumers, "one m64 wgmma row block of weights per consumer warpgroup");
 static_assert(kStages >= 3, "the producer signals stage s one step late (after starting s + 1)");
 
-enum : int { kWaitEmpty = 1, kWaitFull = 2 };  // watchdog report: which barrier a thread gave up on
+// Watchdog report: which barrier a thread gave up on (the last two: the bf16 path's FC1 staging,
+// dynamic_bf16.cuh).
+enum : int { kWaitEmpty = 1, kWaitFull = 2, kWaitStaged = 3, kWaitStagingFree = 4 };
 
 inline constexpr int kRowTiles = BN / 16;   // weight row tiles (16 rows × 64 k) per n-tile
 inline constexpr int kMaxScaleBytes = 16 * 4;  // scale bytes per row tile and k-tile: 16 rows × 64 / 16

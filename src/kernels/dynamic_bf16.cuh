@@ -202,6 +202,8 @@ struct alignas(1024) Smem {
   };
   uint64_t full[kStages];              // 1 producer arrival with both copies' bytes
   uint64_t empty[kStages];             // 256 consumer arrivals
+  uint64_t h_full;                     // FC1: 256 consumer arrivals once a tile's h is staged
+  uint64_t h_empty;                    // FC1: kHelpers arrivals once it is requantised
   int aborted;                         // watchdog (mbarrier.cuh)
 };
 // 3 · 48 KB + 68 KB + the barriers, rounded to 1 KB (218112 B), + the alignment slack.
@@ -240,26 +242,6 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, const CUtensorMa
   }
 }
 
-// One quantisation block of kBlock staged bf16 activations (16-byte aligned) → Q2 → A2.
-template <int kBlock>
-__device__ __forceinline__ void fc1_requantise(const MoeGemmParams& p, const uint16_t* src, int e, __nv_bfloat16* dst) {
-  float h[kBlock];
-#pragma unroll
-  for (int i = 0; i < kBlock; i += 8) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(src + i);
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      h[i + 2 * j] = fmt::f32_from_bf16(static_cast<uint16_t>(w[j] & 0xFFFFu));
-      h[i + 2 * j + 1] = fmt::f32_from_bf16(static_cast<uint16_t>(w[j] >> 16));
-    }
-  }
-  __nv_bfloat16 q[kBlock];
-  quant_dequant_block(p.q2, h, p.q2_scale[e], q);
-#pragma unroll
-  for (int i = 0; i < kBlock; i += 8) *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(q + i);
-}
-
 // The FC1 epilogue, computed where the accumulators are. Thread t of consumer c holds D rows
 // 16·warp + g and + 8 (g = lane / 4) of its 64 × 256 block for routed rows acc_col(t, i).
 //   Gated: the tile's virtual rows are interleaved by 8 (the pre-pass writes them so), so those two
@@ -273,8 +255,11 @@ __device__ __forceinline__ void fc1_requantise(const MoeGemmParams& p, const uin
 // rate against FC2's 93 % with the same main loop (NOTES session 7).
 template <int kAccN>
 __device__ __forceinline__ void fc1_finish(const MoeGemmParams& p, const TileInfo& ti, const float (&acc)[kAccN],
-                                           uint16_t* hs, int c, int t, int ct) {
+                                           Smem& sm, int c, int t, int ct, uint32_t n, const ptx::Watchdog& wd) {
   const int warp = t >> 5, g = (t & 31) >> 2, l4 = t & 3;
+  uint16_t* const hs = sm.h;
+  // The helpers have requantised tile n - 1 out of the staging (on a fresh barrier tile 0 passes).
+  ptx::mbar_wait(&sm.h_empty, (n & 1) ^ 1, wd, dynamic::kWaitStagingFree, static_cast<int>(n));
   const float alpha = p.alpha[ti.e];
   const float* be = p.bias ? p.bias + static_cast<int64_t>(ti.e) * p.w_rows : nullptr;
   const int cols = p.gated ? BN / 2 : BN;  // intermediate columns of the tile
@@ -320,17 +305,39 @@ __device__ __forceinline__ void fc1_finish(const MoeGemmParams& p, const TileInf
         }
     }
   }
-  ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
-  if (ct < ti.valid) {  // thread ct requantises routed row ct of the tile
-    const int qb = quant_block(p.q2), i0 = ti.y * cols;
-    const uint16_t* src = p.gated ? hs + kHsGatedOffset + ct * kHsGated : hs + ct * kHs;
-    __nv_bfloat16* dst = p.a2 + static_cast<int64_t>(ti.row0 + ct) * p.i_pad + i0;
-    for (int b = 0; b * qb < cols && i0 + b * qb < p.i_pad; ++b) {
-      if (qb == 16) fc1_requantise<16>(p, src + 16 * b, ti.e, dst + 16 * b);
-      else fc1_requantise<32>(p, src + 32 * b, ti.e, dst + 32 * b);
+  ptx::mbar_arrive(&sm.h_full);  // release: the helpers' wait sees these stores
+}
+
+// The helpers: warps 1..3 of the producer warpgroup (warp 0's first thread issues the copies). For
+// each FC1 tile of this CTA, in the consumers' order, once its h is staged: the routed rows' h in
+// quantisation blocks → Q2 → A2 (quant_dequant_bf16_run), one block per task, consecutive threads on
+// consecutive rows of one block (16-byte reads down rows of stride 36 or 68 words: conflict-free;
+// quant_dequant_bf16_run keeps at most 8 values live, for the warpgroup's small register budget);
+// then the staging is handed back. The consumers meanwhile run the next tile's MMAs: this work
+// took the tensor cores' time when the consumers did it (NOTES session 8).
+inline constexpr int kHelpers = kWarpgroup - 32;
+__device__ __forceinline__ void fc1_requantise_tiles(const MoeGemmParams& p, Smem& sm, int n_tiles, int tile_begin,
+                                                     int tiles, const ptx::Watchdog& wd) {
+  const int tid = threadIdx.x - 32;
+  const int work = tiles * n_tiles;
+  const int cols = p.gated ? BN / 2 : BN, qb = quant_block(p.q2), nb = cols / qb;
+  const int ld = p.gated ? kHsGated : kHs;
+  const uint16_t* const hs = p.gated ? sm.h + kHsGatedOffset : sm.h;
+  uint32_t n = 0;
+  for (int w = blockIdx.x; w < work; w += gridDim.x, ++n) {
+    const TileInfo ti = band_item(p, w, n_tiles, tile_begin, tiles);
+    ptx::mbar_wait(&sm.h_full, n & 1, wd, dynamic::kWaitStaged, static_cast<int>(n));
+    const int i0 = ti.y * cols;
+    // Blocks past i_pad (the last n-tile of a non-gated FC1 whose I is not a multiple of 128).
+    const int blocks = min(nb, (p.i_pad - i0) / qb);
+    for (int task = tid; task < ti.valid * blocks; task += kHelpers) {
+      const int r = task % ti.valid, b = task / ti.valid;
+      __nv_bfloat16* dst = p.a2 + static_cast<int64_t>(ti.row0 + r) * p.i_pad + i0 + b * qb;
+      if (qb == 16) quant_dequant_bf16_run<16>(p.q2, hs + r * ld + 16 * b, p.q2_scale[ti.e], dst);
+      else quant_dequant_bf16_run<32>(p.q2, hs + r * ld + 32 * b, p.q2_scale[ti.e], dst);
     }
+    ptx::mbar_arrive(&sm.h_empty);
   }
-  ptx::named_barrier_sync(1, kConsumers * kWarpgroup);  // the staging is reused by the next tile
 }
 
 // Consumer warpgroup c: weight rows [64c, 64c + 64) of the stage's weight tile × its BM = 256
@@ -348,8 +355,8 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
   float acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
-  uint32_t it = 0;
-  for (int w = blockIdx.x; w < work; w += gridDim.x) {
+  uint32_t it = 0, n = 0;
+  for (int w = blockIdx.x; w < work; w += gridDim.x, ++n) {
     const TileInfo ti = band_item(p, w, n_tiles, tile_begin, tiles);
     for (int kt = 0; kt < ktiles; ++kt, ++it) {
       const int s = it % kStages;
@@ -371,7 +378,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
     ptx::fence_operand(acc);
     ptx::mbar_arrive(&sm.empty[(it - 1) % kStages]);
     if constexpr (kFc1) {
-      fc1_finish(p, ti, acc, sm.h, c, t, ct);
+      fc1_finish(p, ti, acc, sm, c, t, ct, n, wd);
     } else {
       // FC2 in parts of kPartRows routed rows through the one staging buffer; a part without rows
       // (the tile's last rows past the expert) is skipped by all 256 threads alike.
@@ -393,7 +400,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t pad = (kSmemAlign - (ptx::smem_addr(smem_raw) & (kSmemAlign - 1))) & (kSmemAlign - 1);
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw + pad);
-  if (threadIdx.x == 0) dynamic::init_pipeline<kStages>(sm.full, sm.empty, 1, &sm.aborted);  // the producer's one arrival
+  if (threadIdx.x == 0) {
+    ptx::mbar_init(&sm.h_full, kConsumers * kWarpgroup);
+    ptx::mbar_init(&sm.h_empty, kHelpers);
+    dynamic::init_pipeline<kStages>(sm.full, sm.empty, 1, &sm.aborted);  // the producer's one arrival; the fence
+  }
   __syncthreads();
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int tile_begin = p.expert_tile_offset[p.expert_base];
@@ -401,10 +412,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The producer only computes addresses; the consumers hold 128 accumulators (and little else):
   // 128·40 + 256·232 = 64512 ≤ 65536.
   if (threadIdx.x < kWarpgroup) {
-    ptx::setmaxnreg_dec<40>();
+    ptx::setmaxnreg_dec<48>();
     if (threadIdx.x == 0) produce<kFc1>(p, a_map, sm, n_tiles, tile_begin, tiles, wd);
+    else if (kFc1 && threadIdx.x >= 32) fc1_requantise_tiles(p, sm, n_tiles, tile_begin, tiles, wd);
   } else {
-    ptx::setmaxnreg_inc<232>();
+    ptx::setmaxnreg_inc<224>();
     consume<kFc1>(p, sm, n_tiles, tile_begin, tiles, wd);
   }
 }

@@ -88,4 +88,71 @@ __device__ __forceinline__ __nv_bfloat16 quant_dequant_lanes(QuantKind q, float 
   return quant_block(q) == 16 ? quant_dequant_lanes<16>(q, v, g) : quant_dequant_lanes<32>(q, v, g);
 }
 
+// quant_dequant_block over kBlock bf16 values read from memory (src and dst 16-byte aligned), with few
+// registers: one pass for the block's amax and NaN, a second that codes, decodes and stores 8 values
+// at a time, so no more than 8 values are live. The same fmt:: steps as quant_dequant_block, so the
+// results are equal bit for bit. For threads with a small register budget (the bf16 path's FC1
+// requantisation runs in the producer warpgroup, dynamic_bf16.cuh).
+namespace detail {
+__device__ __forceinline__ float bf16_word_half(uint32_t w, int half) {
+  return fmt::f32_from_bf16(static_cast<uint16_t>(half ? w >> 16 : w & 0xFFFFu));
+}
+// Pass 2: dst[i] = bf16(elem(src[i]) · s); elem codes and decodes one value.
+template <int kBlock, class Elem>
+__device__ __forceinline__ void dequant_pass(const uint16_t* src, __nv_bfloat16* dst, float s, Elem elem) {
+#pragma unroll 1
+  for (int i = 0; i < kBlock; i += 8) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(src + i);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+    uint32_t o[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const __nv_bfloat162 pr = __floats2bfloat162_rn(elem(bf16_word_half(w[j], 0)) * s, elem(bf16_word_half(w[j], 1)) * s);
+      o[j] = *reinterpret_cast<const uint32_t*>(&pr);
+    }
+    *reinterpret_cast<uint4*>(dst + i) = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+}
+}  // namespace detail
+
+template <int kBlock>
+__device__ __forceinline__ void quant_dequant_bf16_run(QuantKind q, const uint16_t* src, float g, __nv_bfloat16* dst) {
+  static_assert(kBlock % 8 == 0, "16-byte words");
+  if (q == QuantKind::kNone) {  // bf16 in, bf16 out
+#pragma unroll
+    for (int i = 0; i < kBlock; i += 8) *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(src + i);
+    return;
+  }
+  float amax = 0.0f;  // fmt::block_amax: a NaN never raises amax, and marks the block
+  bool nan = false;
+#pragma unroll
+  for (int i = 0; i < kBlock; i += 8) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(src + i);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float v = detail::bf16_word_half(w[j / 2], j & 1);
+      nan |= fmt::is_nan(v);
+      const float a = fmt::abs_f(v);
+      amax = a > amax ? a : amax;
+    }
+  }
+  if constexpr (kBlock == fmt::kNvfp4Block) {
+    const fmt::Nvfp4Block b = fmt::nvfp4_block(amax, nan, g);
+    detail::dequant_pass<kBlock>(src, dst, fmt::e4m3_decode(b.scale),
+                                 [&](float v) { return fmt::e2m1_decode(fmt::nvfp4_code(v, b)); });
+  } else {
+    static_assert(kBlock == fmt::kMxBlock);
+    if (q == QuantKind::kMxfp4) {
+      const fmt::MxBlock b = fmt::mx_block(amax, nan, fmt::kE2M1Max);
+      detail::dequant_pass<kBlock>(src, dst, fmt::ue8m0_decode(b.scale),
+                                   [&](float v) { return fmt::e2m1_decode(fmt::mxfp4_code(v, b)); });
+    } else {
+      const fmt::MxBlock b = fmt::mx_block(amax, nan, fmt::kE4M3Max);
+      detail::dequant_pass<kBlock>(src, dst, fmt::ue8m0_decode(b.scale),
+                                   [&](float v) { return fmt::e4m3_decode(fmt::mxfp8_code(v, b)); });
+    }
+  }
+}
+
 }  // namespace fp4moe::kernels
