@@ -76,13 +76,12 @@ void launch_route(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, in
 }
 
 void launch_gather_quantize(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a) {
-  const int EL = c.local_count(), K = c.top_k;
-  const int64_t R = a.tokens * K;
   const kernels::QuantKind q = kernels::quant_kind(c.format, c.mode);
-  gk::GatherParams gp{static_cast<const __nv_bfloat16*>(a.x), c.hidden, w.h_pad, K, q,
-                      w.fc1_input_scale.get<float>(), ws.expert_offset.get<int>(), EL, ws.row_route.get<int>(),
-                      ws.row_expert.get<int>(), ws.a1.get<__nv_bfloat16>()};
-  gk::gather_quantize_kernel<<<static_cast<unsigned>((R + gk::kGatherWarps - 1) / gk::kGatherWarps),
+  gk::GatherParams gp{static_cast<const __nv_bfloat16*>(a.x), static_cast<int>(a.tokens), c.hidden, w.h_pad, c.top_k,
+                      q, w.fc1_input_scale.get<float>(), ws.route_row.get<int>(), ws.row_expert.get<int>(),
+                      ws.a1.get<__nv_bfloat16>()};
+  const int64_t warps = a.tokens * gk::gather_chunks(w.h_pad, q);
+  gk::gather_quantize_kernel<<<static_cast<unsigned>((warps + gk::kGatherWarps - 1) / gk::kGatherWarps),
                                gk::kGatherWarps * 32, 0, a.stream>>>(gp);
   FP4MOE_CHECK_LAUNCH("gather_quantize_kernel");
 }
