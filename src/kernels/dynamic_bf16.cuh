@@ -265,14 +265,16 @@ __device__ __forceinline__ void fc1_finish(const MoeGemmParams& p, const TileInf
   const int cols = p.gated ? BN / 2 : BN;  // intermediate columns of the tile
   if (p.gated) {
     // The pre-activation pairs go through a thread-private shared area (pair k of a chunk at
-    // [k][ct]: 8 contiguous bytes per lane, conflict-free) so that the activation runs in a rolled
-    // loop: unrolled over all 64 pairs with every activation's code, the kernel was 28.8 K
-    // instructions and its epilogue ran from instruction-cache misses (FC1 22.7 ms against 14.7;
-    // NOTES session 7).
+    // [k][ct]: 8 contiguous bytes per lane, conflict-free) so that the activation runs in a loop
+    // that is not unrolled over all 64 pairs: so unrolled with every activation's code, the kernel
+    // was 28.8 K instructions and its epilogue ran from instruction-cache misses (FC1 22.7 ms
+    // against 14.7; NOTES session 7). The loop is unrolled by 4 for latency (GatedActivation: one
+    // copy of the code for every gated activation).
     float2* const pairs = reinterpret_cast<float2*>(hs);                  // 16 × 256 pairs: 32 KB
     uint16_t* const hg = hs + kHsGatedOffset;                             // then [256][kHsGated]
     const int jj = 32 * c + 8 * warp + g, j = ti.y * cols + jj;
     const float bu = be ? be[j] : 0.0f, bg = be ? be[p.i_pad + j] : 0.0f;
+    const GatedActivation act(p);
 #pragma unroll
     for (int chunk = 0; chunk < kAccN / 2 / kPairChunk; ++chunk) {
 #pragma unroll
@@ -281,10 +283,10 @@ __device__ __forceinline__ void fc1_finish(const MoeGemmParams& p, const TileInf
         pairs[k * kConsumers * kWarpgroup + ct] =
             make_float2(alpha * acc[4 * q + b] + bu, alpha * acc[4 * q + 2 + b] + bg);
       }
-#pragma unroll 1
+#pragma unroll 4
       for (int k = 0; k < kPairChunk; ++k) {
         const float2 ug = pairs[k * kConsumers * kWarpgroup + ct];
-        const float h = apply_activation<float>(p.activation, ug.y, ug.x, p.sw_alpha, p.sw_beta, p.sw_limit);
+        const float h = act(ug.y, ug.x);
         const int idx = chunk * kPairChunk + k, n = 8 * (idx >> 1) + 2 * l4 + (idx & 1);
         hg[n * kHsGated + jj] = __bfloat16_as_ushort(__float2bfloat16_rn(h));  // RNE as fmt::bf16_from_f32 (a NaN stays a NaN)
       }

@@ -67,6 +67,34 @@ __device__ __forceinline__ bool weight_row_valid(const MoeGemmParams& p, bool fc
   return weight_row<BN>(p, fc1, y, v) < p.w_rows;
 }
 
+// The gated activations (silu, gelu_tanh, swiglu_oai) in one branch-free form, the same operations
+// in the same order as apply_activation<float> for each:
+//   g' = min(g, limit), u' = clamp(u, ±limit) (+ β for swiglu_oai), y = g' (+ 0.044715·g'³ for
+//   gelu_tanh), x = s2·(s1·y), h = g'·σ(x)·u'
+// with limit = +inf except for swiglu_oai, (s1, s2) = (1, 1) for silu, (√(2/π), 2) for gelu_tanh
+// (its σ(2z)), (α, 1) for swiglu_oai; the multiplications by 1 and 2 are exact. Why: a loop over
+// pairs can then be unrolled for latency without one copy of the code per activation (a runtime
+// switch inside an unrolled loop made an FC1 kernel 28.8 K instructions, NOTES session 7).
+struct GatedActivation {
+  float limit, beta, s1, s2;
+  bool cube, add_beta;
+  __device__ explicit GatedActivation(const MoeGemmParams& p)
+      : limit(p.activation == Activation::kSwigluOai ? p.sw_limit : __builtin_huge_valf()),
+        beta(p.sw_beta),
+        s1(p.activation == Activation::kGeluTanh ? 0.7978845608028654f
+                                                  : (p.activation == Activation::kSwigluOai ? p.sw_alpha : 1.0f)),
+        s2(p.activation == Activation::kGeluTanh ? 2.0f : 1.0f),
+        cube(p.activation == Activation::kGeluTanh),
+        add_beta(p.activation == Activation::kSwigluOai) {}
+  __device__ __forceinline__ float operator()(float g, float u) const {
+    g = g > limit ? limit : g;  // NaN stays NaN, as in apply_activation
+    u = u < -limit ? -limit : (u > limit ? limit : u);
+    u = add_beta ? u + beta : u;
+    const float y = cube ? g + 0.044715f * g * g * g : g;
+    return g * sigmoid(s2 * (s1 * y)) * u;
+  }
+};
+
 // One quantisation block of the FC1 epilogue: kBlock intermediate columns col0.. of one staged row
 // (crow 16-byte aligned: the staging row strides are multiples of 4 floats). The activation runs
 // in a rolled loop over groups of 4 columns and writes h back over the up (or input) columns, which
