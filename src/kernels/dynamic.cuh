@@ -78,6 +78,7 @@ struct Smem {
   uint4 w[kStages][kRowTiles][32];    // weight codes per stage: row tile j = 4c + warp, lane's 16 B
   alignas(16) uint8_t ws[kStages][kRowTiles][kMaxScaleBytes];  // their scales: [16 rows][64 / block]
   alignas(16) float c[BM * kLdc];     // epilogue staging: [routed row][tile column], alpha·acc + bias
+  float rw[BM];                       // FC2: the tile's router weights (router_weight)
   FragTables tables;                  // E2M1 and scale byte → bf16x2, per lane
   uint64_t full[kStages];             // producer → consumers: stage written (and fenced for the async proxy)
   uint64_t empty[kStages];            // consumers → producer: stage read by the tensor cores
@@ -129,9 +130,11 @@ __device__ __forceinline__ TileInfo tile_info(const MoeGemmParams& p, int w, int
 // A wider accumulator (kAcc = 64·h floats of an m64n(128·h) wgmma: the bf16 path's) goes through in
 // parts of BM routed rows: part `part` is floats [64·part, 64·part + 64), and ti its rows (row0 and
 // valid of the part). `part` must be a compile-time constant after unrolling (register indices).
+// rws (FC2): the part's router weights in shared memory, written before this call (fc2_store_rows).
 template <bool kFc1, int kAcc>
 __device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileInfo& ti, const float (&acc)[kAcc],
-                                            float* stage, int c, int t, int ct, int part = 0) {
+                                            float* stage, int c, int t, int ct, int part = 0,
+                                            const float* rws = nullptr) {
   static_assert(kAcc % 64 == 0, "parts of 64 floats: BM routed rows");
   // acc element 64·part + i is D[weight row 64c + acc_row(t, i)][routed row acc_col(t, i) of the part]
   // (wgmma_layout.h; acc_col(t, 64 + i) = 128 + acc_col(t, i)).
@@ -153,8 +156,15 @@ __device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileIn
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
   const int rows = min(BM, ti.valid);
   if constexpr (kFc1) fc1_store_rows<BN>(p, stage, kLdc, rows, ti.row0, ti.e, ti.y, ct, kConsumers * kWarpgroup);
-  else fc2_store_rows<BN>(p, stage, kLdc, rows, ti.row0, ti.y, ct, kConsumers * kWarpgroup);
+  else fc2_store_rows<BN>(p, stage, kLdc, rows, ti.row0, ti.y, ct, kConsumers * kWarpgroup, rws);
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);  // staging is reused by the next tile
+}
+
+// FC2: the router weight of routed row r of the tile (0 past its valid rows), loaded by consumer
+// thread r when the tile starts, so that the two dependent global loads complete behind the main
+// loop; the thread stores it to shared memory before the epilogue's first barrier.
+__device__ __forceinline__ float router_weight(const MoeGemmParams& p, const TileInfo& ti, int r) {
+  return r < ti.valid ? p.topk_weights[p.row_route[ti.row0 + r]] : 0.0f;
 }
 
 // Thread 0, before the CTA's first __syncthreads: the stages' barriers ("full" completes a phase
@@ -277,6 +287,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
   uint32_t it = 0;
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = tile_info(p, w, n_tiles);
+    const float rw = kFc1 ? 0.0f : router_weight(p, ti, ct);
     const bool ok = weight_row_valid<BN>(p, kFc1, ti.y, 16 * j);  // w_rows % 16 == 0: all 16 rows or none
     // Two sets of A fragments: while stage kt - 1's MMAs run, the warpgroup dequantises stage kt into
     // the other set; wgmma_wait<1> then frees stage kt - 1's set and its stage (tile and weights).
@@ -317,7 +328,8 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
     ptx::fence_operand(acc);
     ptx::mbar_arrive(&sm.empty[(it - 1) % kStages]);
 
-    finish_tile<kFc1>(p, ti, acc, sm.c, c, t, ct);
+    if (!kFc1 && ct < BM) sm.rw[ct] = rw;  // read after finish_tile's first barrier
+    finish_tile<kFc1>(p, ti, acc, sm.c, c, t, ct, 0, sm.rw);
   }
 }
 

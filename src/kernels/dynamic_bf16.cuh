@@ -200,6 +200,7 @@ struct alignas(1024) Smem {
     float c[kPartRows * kLdc];         // FC2: one part of alpha·acc + bias (dynamic::finish_tile), 66 KB
     uint16_t h[BM * kHs];              // FC1: the tile's activations h in bf16 (fc1_finish), 68 KB
   };
+  float rw[BM];                        // FC2: the tile's router weights (dynamic::router_weight)
   uint64_t full[kStages];              // 1 producer arrival with both copies' bytes
   uint64_t empty[kStages];             // 256 consumer arrivals
   uint64_t h_full;                     // FC1: 256 consumer arrivals once a tile's h is staged
@@ -209,6 +210,7 @@ struct alignas(1024) Smem {
 // 3 · 48 KB + 68 KB + the barriers, rounded to 1 KB (218112 B), + the alignment slack.
 static_assert(sizeof(Smem) + kSmemAlign <= 232448, "past the sm_90 opt-in shared memory per CTA (227 KB)");
 static_assert(BM % kPartRows == 0 && kAcc == 64 * kParts, "the epilogue takes the accumulators in parts");
+static_assert(BM == kConsumers * kWarpgroup, "consumer thread ct loads the router weight of routed row ct");
 
 // Work item w of the group → (m-tile, n-tile): bands of kBand m-tiles, the m-tile fastest inside a
 // band (the file comment says why); tile_begin / tiles: the group's m-tiles in the routing's list.
@@ -360,6 +362,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
   uint32_t it = 0, n = 0;
   for (int w = blockIdx.x; w < work; w += gridDim.x, ++n) {
     const TileInfo ti = band_item(p, w, n_tiles, tile_begin, tiles);
+    const float rw = kFc1 ? 0.0f : dynamic::router_weight(p, ti, ct);
     for (int kt = 0; kt < ktiles; ++kt, ++it) {
       const int s = it % kStages;
       ptx::mbar_wait(&sm.full[s], (it / kStages) & 1, wd, dynamic::kWaitFull, it);
@@ -383,11 +386,13 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
       fc1_finish(p, ti, acc, sm, c, t, ct, n, wd);
     } else {
       // FC2 in parts of kPartRows routed rows through the one staging buffer; a part without rows
-      // (the tile's last rows past the expert) is skipped by all 256 threads alike.
+      // (the tile's last rows past the expert) is skipped by all 256 threads alike. The router
+      // weights are read after the first part's first barrier.
+      sm.rw[ct] = rw;
 #pragma unroll
       for (int part = 0; part < kParts; ++part) {
         const TileInfo pi{ti.y, ti.e, ti.row0 + kPartRows * part, ti.valid - kPartRows * part};
-        if (pi.valid > 0) dynamic::finish_tile<false>(p, pi, acc, sm.c, c, t, ct, part);
+        if (pi.valid > 0) dynamic::finish_tile<false>(p, pi, acc, sm.c, c, t, ct, part, sm.rw + kPartRows * part);
       }
     }
   }
