@@ -223,16 +223,9 @@ __device__ __forceinline__ TileInfo band_item(const MoeGemmParams& p, int w, int
 
 inline constexpr uint32_t kATileBytes = BM * BK * 2;  // 32 KB: one tensor copy per stage
 
-// Steps ahead of its copies at which the producer prefetches a step's two tiles into L2.
-inline constexpr int kPrefetchSteps = 4;
-
-// The producer is one thread (the others of its warpgroup leave or requantise): per stage, once the
-// consumers have freed it, the weight tile by bulk copy and the activation tile by tensor copy, both
-// completing on "full" with their bytes. Before waiting for a stage it prefetches the tiles of the
-// step kPrefetchSteps ahead (in this CTA's order, into its next work item) into L2. Why: with 3
-// stages of ~0.7 µs of MMAs each, a copy that misses L2 stalls the consumers; Nsight Compute put
-// 36 % of the consumers' time on the wait for "full" in mixtral-8x7b's FC1 at T = 16384, with an
-// L2 hit rate of 70 % (NOTES session 8).
+// The producer is one thread (the others of its warpgroup leave): per stage, once the consumers have
+// freed it, the weight tile by bulk copy and the activation tile by tensor copy, both completing
+// on "full" with their bytes.
 template <bool kFc1>
 __device__ __forceinline__ void produce(const MoeGemmParams& p, const CUtensorMap& a_map, Smem& sm, int n_tiles,
                                         int tile_begin, int tiles, const ptx::Watchdog& wd) {
@@ -242,13 +235,6 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, const CUtensorMa
     const TileInfo ti = band_item(p, w, n_tiles, tile_begin, tiles);
     const __nv_bfloat16* wsrc = p.w_bf16 + wtile_offset(ti.e - p.expert_base, ti.y, 0, n_tiles, p.k_pad);
     for (int kt = 0; kt < ktiles; ++kt, ++it) {
-      int pw = w, pkt = kt + kPrefetchSteps;
-      while (pkt >= ktiles) pkt -= ktiles, pw += gridDim.x;
-      if (pw < work) {
-        const TileInfo pt = pw == w ? ti : band_item(p, pw, n_tiles, tile_begin, tiles);
-        ptx::bulk_prefetch_l2(p.w_bf16 + wtile_offset(pt.e - p.expert_base, pt.y, pkt, n_tiles, p.k_pad), kWTileBytes);
-        ptx::tma_prefetch_2d(&a_map, pkt * BK, pt.row0);
-      }
       const int s = it % kStages;
       ptx::mbar_wait(&sm.empty[s], ((it / kStages) & 1) ^ 1, wd, dynamic::kWaitEmpty, it);
       ptx::mbar_arrive_expect_tx(&sm.full[s], kWTileBytes + kATileBytes);  // before the copies it announces

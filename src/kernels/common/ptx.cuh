@@ -43,19 +43,6 @@ __device__ __forceinline__ void tma_load_2d(void* smem, const void* tmap, int c0
       : "memory");
 }
 
-// L2 prefetches (sm_90 bulk copies without a destination): the lines of `bytes` (a multiple of 16)
-// of global memory at gmem (16-byte aligned), or the box at (c0, c1) of a tensor map, are brought
-// into L2; nothing completes or is waited for.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* gmem, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void tma_prefetch_2d(const void* tmap, int c0, int c1) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(tmap)),
-               "r"(c0), "r"(c1)
-               : "memory");
-}
-
 // ldmatrix.x4: four 8x8 b16 matrices; lane l supplies the row address of matrix l/8, row l%8.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
