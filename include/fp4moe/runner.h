@@ -31,12 +31,11 @@ struct RunnerOptions {
   // must hold at least one expert's larger GEMM (InvalidArgument otherwise); the runner reserves
   // no more than all local experts need, and nothing when max_tokens never reaches the line.
   int64_t prefill_bf16_bytes = 0;
-  // The default line, from the H200 (bench/results/NOTES.md session 7, TMA-fed 128 × 256 path): the
-  // copy won at every measured point from 512 routes per expert up (mixtral-8x7b T = 2048, 512 per
-  // expert: 4.30 against 5.74 ms; qwen3-30b-a3b T = 16384, 1024 per expert: 5.44 against 7.50 ms)
-  // and lost at qwen3 T = 2048 (128 per expert: 1.41 against 1.18 ms). qwen3 between 128 and 1024
-  // is unmeasured, so the line sits at the lowest win measured on both models' side: 1024.
-  int64_t prefill_bf16_min_rows = 1024;
+  // The default line, from the H200 (bench/results/NOTES.md session 8): the copy won at 512 routes
+  // per expert (mixtral-8x7b T = 2048: 4.22 against 5.75 ms) and from 1024 up on every model
+  // measured; it lost at 128 (qwen3-30b-a3b T = 2048: 1.21 against 1.04 ms, and by more on the
+  // larger models); 256 is unsettled.
+  int64_t prefill_bf16_min_rows = 512;
 };
 
 // Owns prepared weights, a workspace sized for max_tokens and the per-T plan. run() allocates

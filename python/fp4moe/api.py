@@ -403,7 +403,7 @@ class MoeWrapper:
                  format: Optional[str] = None, mode: Optional[str] = None, local_expert_offset: int = 0,
                  has_bias: bool = False, deterministic: bool = False, backend: str = "auto", cpu_threads: int = 0,
                  gate_up: str = "up_gate", sf_layout: str = "auto", prefill_bf16_bytes: int = 0,
-                 prefill_bf16_min_rows: int = 1024):
+                 prefill_bf16_min_rows: int = _ext.DEFAULT_PREFILL_BF16_MIN_ROWS):
         self.config = _make_config(num_experts, top_k, hidden_size, intermediate_size,
                                    num_local_experts=num_local_experts, local_expert_offset=local_expert_offset,
                                    activation=activation, swiglu_alpha=swiglu_alpha, swiglu_beta=swiglu_beta,
@@ -456,7 +456,7 @@ class MoeWrapper:
     def from_checkpoint(cls, layer: "_ext.LoadedLayer", *, device: Any = None, max_num_tokens: int = 4096,
                         output_dtype: Any = "bf16", deterministic: bool = False, backend: str = "auto",
                         cpu_threads: int = 0, prefill_bf16_bytes: int = 0,
-                        prefill_bf16_min_rows: int = 1024) -> "MoeWrapper":
+                        prefill_bf16_min_rows: int = _ext.DEFAULT_PREFILL_BF16_MIN_ROWS) -> "MoeWrapper":
         """A wrapper over a layer loaded by :func:`load_modelopt_nvfp4` / :func:`load_gpt_oss_mxfp4`."""
         c = layer.config
         w = cls.__new__(cls)

@@ -275,6 +275,8 @@ NB_MODULE(_ext, m) {
   nb::exception<CapacityError>(m, "CapacityError", PyExc_ValueError);
   nb::exception<CudaError>(m, "CudaError", PyExc_RuntimeError);
   (void)base;
+  // The C++ default line of the bf16 copy (RunnerOptions), so the Python defaults cannot drift from it.
+  m.attr("DEFAULT_PREFILL_BF16_MIN_ROWS") = RunnerOptions{}.prefill_bf16_min_rows;
 
   nb::class_<MoeConfig>(m, "MoeConfig")
       .def(nb::init<>())
