@@ -120,6 +120,20 @@ __global__ void quant_dequant_lanes_kernel(kernels::QuantKind q, const float* v,
   if (i < n) out[i] = o;
 }
 
+// got equals want bit for bit (n: the block size, for the message).
+void expect_bitwise_equal(const std::vector<__nv_bfloat16>& want, const std::vector<__nv_bfloat16>& got,
+                          kernels::QuantKind q, int n) {
+  ASSERT_EQ(want.size(), got.size());
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (std::memcmp(&want[i], &got[i], sizeof(want[i])) != 0 && bad++ == 0) first = static_cast<int64_t>(i);
+  EXPECT_EQ(bad, 0) << "quant kind " << int(q) << ": " << bad << " of " << want.size()
+                    << " differ, first at element " << first << " (block " << first / n << ")";
+}
+
+// Outputs poisoned with a NaN pattern that no quantiser produces: an element left unwritten differs.
+std::vector<__nv_bfloat16> poisoned(int n) { return std::vector<__nv_bfloat16>(static_cast<size_t>(n), __ushort_as_bfloat16(0x7FA5)); }
+
 TEST(GpuQuantizers, LaneParallelEqualsBlockBitForBit) {
   REQUIRE_GPU();
   using kernels::QuantKind;
@@ -127,18 +141,45 @@ TEST(GpuQuantizers, LaneParallelEqualsBlockBitForBit) {
     const int n = kernels::quant_block(q), blocks = 1 << 15, total = blocks * n;
     const std::vector<float> v = edge_rich_values(static_cast<size_t>(total), 98);  // NaN and Inf blocks too
     DeviceArray<float> dv(v);
-    DeviceArray<__nv_bfloat16> dblock(static_cast<size_t>(total)), dlanes(static_cast<size_t>(total));
+    DeviceArray<__nv_bfloat16> dblock(poisoned(total)), dlanes(poisoned(total));
     quant_dequant_kernel<<<(blocks + 127) / 128, 128>>>(q, dv.get(), blocks, 0.37f, dblock.get());
     GPU_CHECK(cudaGetLastError());
     quant_dequant_lanes_kernel<<<(total + 255) / 256, 256>>>(q, dv.get(), total, 0.37f, dlanes.get());
     GPU_CHECK(cudaGetLastError());
     GPU_CHECK(cudaDeviceSynchronize());
-    const auto a = dblock.download(), b = dlanes.download();
-    int64_t bad = 0, first = -1;
-    for (int i = 0; i < total; ++i)
-      if (std::memcmp(&a[i], &b[i], sizeof(a[i])) != 0 && bad++ == 0) first = i;
-    EXPECT_EQ(bad, 0) << "quant kind " << int(q) << ": " << bad << " of " << total << " differ, first at element "
-                      << first << " (block " << first / n << ")";
+    expect_bitwise_equal(dblock.download(), dlanes.download(), q, n);
+  }
+}
+
+// The bf16-input form (quantize.cuh quant_dequant_bf16_run: bf16 values read from memory in two
+// passes, at most 8 live), as the bf16 path's helper warps requantise FC1's staged h.
+__global__ void quant_dequant_bf16_run_kernel(kernels::QuantKind q, const uint16_t* v, int blocks, float g,
+                                              __nv_bfloat16* out) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= blocks) return;
+  if (kernels::quant_block(q) == 16) kernels::quant_dequant_bf16_run<16>(q, v + b * 16, g, out + b * 16);
+  else kernels::quant_dequant_bf16_run<32>(q, v + b * 32, g, out + b * 32);
+}
+
+TEST(GpuQuantizers, Bf16RunEqualsBlockBitForBit) {
+  REQUIRE_GPU();
+  using kernels::QuantKind;
+  for (QuantKind q : {QuantKind::kNone, QuantKind::kNvfp4, QuantKind::kMxfp4, QuantKind::kMxfp8}) {
+    const int n = kernels::quant_block(q), blocks = 1 << 15, total = blocks * n;
+    // bf16 inputs (NaN and Inf blocks too); the block form quantises the same values as floats.
+    const std::vector<float> v = edge_rich_values(static_cast<size_t>(total), 99);
+    std::vector<uint16_t> h(v.size());
+    std::vector<float> hv(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = fmt::bf16_from_f32(v[i]), hv[i] = fmt::f32_from_bf16(h[i]);
+    DeviceArray<float> dv(hv);
+    DeviceArray<uint16_t> dh(h);
+    DeviceArray<__nv_bfloat16> dblock(poisoned(total)), drun(poisoned(total));
+    quant_dequant_kernel<<<(blocks + 127) / 128, 128>>>(q, dv.get(), blocks, 0.37f, dblock.get());
+    GPU_CHECK(cudaGetLastError());
+    quant_dequant_bf16_run_kernel<<<(blocks + 127) / 128, 128>>>(q, dh.get(), blocks, 0.37f, drun.get());
+    GPU_CHECK(cudaGetLastError());
+    GPU_CHECK(cudaDeviceSynchronize());
+    expect_bitwise_equal(dblock.download(), drun.download(), q, n);
   }
 }
 
