@@ -248,10 +248,11 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, const CUtensorMa
 // 16·warp + g and + 8 (g = lane / 4) of its 64 × 256 block for routed rows acc_col(t, i).
 //   Gated: the tile's virtual rows are interleaved by 8 (the pre-pass writes them so), so those two
 //   rows are the up and the gate row of one intermediate column jj = 32c + 8·warp + g. The thread
-//   applies alpha, the biases and the activation to its 64 (up, gate) pairs in registers.
+//   applies alpha, the biases and the activation to its 64 (up, gate) pairs.
 //   Otherwise its two rows are two intermediate columns, 128 values.
-// h, rounded to bf16 (reference §2.4), goes to the staging as [routed row][column]; after one
-// barrier each thread requantises its routed row's blocks (the FC2 input) into A2.
+// h, rounded to bf16 (reference §2.4), goes to the staging as [routed row][column] once the
+// helpers have handed the staging back (h_empty); the consumers then arrive on h_full and go on,
+// and the helpers requantise it into A2 (fc1_requantise_tiles). n counts this CTA's tiles.
 // Why: staging alpha·acc + bias in fp32 took two passes per 256-row tile (the staging holds 128
 // rows) and each quantisation task first gathered 32 staged floats; FC1 ran at 65 % of the bf16
 // rate against FC2's 93 % with the same main loop (NOTES session 7).
@@ -416,8 +417,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int tile_begin = p.expert_tile_offset[p.expert_base];
   const int tiles = p.expert_tile_offset[p.expert_base + p.expert_count] - tile_begin;
-  // The producer only computes addresses; the consumers hold 128 accumulators (and little else):
-  // 128·40 + 256·232 = 64512 ≤ 65536.
+  // The producer thread only computes addresses and the helper warps requantise; the consumers hold
+  // 128 accumulators (and little else):
+  // 128·48 + 256·224 = 63488 ≤ 65536 (48: the helper warps' requantisation, without spills).
   if (threadIdx.x < kWarpgroup) {
     ptx::setmaxnreg_dec<48>();
     if (threadIdx.x == 0) produce<kFc1>(p, a_map, sm, n_tiles, tile_begin, tiles, wd);

@@ -45,6 +45,43 @@ __device__ __forceinline__ int local_expert(const RoutingParams& p, int64_t r) {
   return (e >= 0 && e < p.experts) ? static_cast<int>(e) : -1;
 }
 
+// Route r goes to `row` of local expert e (both -1 when it is not routed here): the maps both ways.
+__device__ __forceinline__ void record_route(const RoutingParams& p, int64_t r, int e, int row) {
+  if (row >= 0) {
+    p.row_route[row] = static_cast<int>(r);
+    p.row_expert[row] = e;
+  }
+  p.route_row[r] = row;
+}
+
+// Thread tid of a kRouteThreads CTA holds local expert tid's route count (0 past the experts): the
+// exclusive scans give each expert its first row and first m-tile, written with the tile list and
+// the totals. Returns the expert's first row. Shared by the one-CTA routing and the many-CTA scan.
+template <class Scan>
+__device__ __forceinline__ int scan_counts_and_list_tiles(const RoutingParams& p, typename Scan::TempStorage& storage,
+                                                          int count) {
+  const int tid = threadIdx.x;
+  const int tiles = (count + p.tile_m - 1) / p.tile_m;
+  int row0, tile0, total_rows, total_tiles;
+  Scan(storage).ExclusiveSum(count, row0, total_rows);
+  __syncthreads();
+  Scan(storage).ExclusiveSum(tiles, tile0, total_tiles);
+  if (tid < p.experts) {
+    p.expert_offset[tid] = row0;
+    p.expert_tile_offset[tid] = tile0;
+    for (int m = 0; m < tiles; ++m) {
+      p.tile_expert[tile0 + m] = tid;
+      p.tile_row0[tile0 + m] = row0 + m * p.tile_m;
+    }
+  }
+  if (tid == 0) {
+    p.expert_offset[p.experts] = total_rows;
+    p.expert_tile_offset[p.experts] = total_tiles;
+    *p.num_tiles = total_tiles;
+  }
+  return row0;
+}
+
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(RoutingParams p) {
   using Scan = cub::BlockScan<int, kRouteThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
@@ -59,38 +96,14 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RoutingParams p) {
   }
   __syncthreads();
 
-  const int count = tid < p.experts ? cursor[tid] : 0;
-  const int tiles = (count + p.tile_m - 1) / p.tile_m;
-  int row0, tile0, total_rows, total_tiles;
-  Scan(scan_storage).ExclusiveSum(count, row0, total_rows);
-  __syncthreads();
-  Scan(scan_storage).ExclusiveSum(tiles, tile0, total_tiles);
-  if (tid < p.experts) {
-    p.expert_offset[tid] = row0;
-    p.expert_tile_offset[tid] = tile0;
-    for (int m = 0; m < tiles; ++m) {
-      p.tile_expert[tile0 + m] = tid;
-      p.tile_row0[tile0 + m] = row0 + m * p.tile_m;
-    }
-  }
-  if (tid == 0) {
-    p.expert_offset[p.experts] = total_rows;
-    p.expert_tile_offset[p.experts] = total_tiles;
-    *p.num_tiles = total_tiles;
-  }
+  const int row0 = scan_counts_and_list_tiles<Scan>(p, scan_storage, tid < p.experts ? cursor[tid] : 0);
   __syncthreads();
   cursor[tid] = row0;  // now the next free row of expert tid
   __syncthreads();
 
   for (int64_t r = tid; r < p.routes; r += kRouteThreads) {
     const int e = local_expert(p, r);
-    int row = -1;
-    if (e >= 0) {
-      row = atomicAdd(&cursor[e], 1);
-      p.row_route[row] = static_cast<int>(r);
-      p.row_expert[row] = e;
-    }
-    p.route_row[r] = row;
+    record_route(p, r, e, e >= 0 ? atomicAdd(&cursor[e], 1) : -1);
   }
 }
 
@@ -120,32 +133,14 @@ __global__ void __launch_bounds__(kRouteChunkThreads) route_count_kernel(Routing
     if (hist[e] > 0) atomicAdd(&counts[e], hist[e]);
 }
 
-// 2. One CTA of kRouteThreads: the scans and the tile list from counts, as route_kernel's steps 2
-// and 3; cursor[e] = expert e's first row.
+// 2. One CTA of kRouteThreads: the scans and the tile list from counts (scan_counts_and_list_tiles,
+// as route_kernel); cursor[e] = expert e's first row.
 __global__ void __launch_bounds__(kRouteThreads) route_scan_kernel(RoutingParams p, const int* counts, int* cursor) {
   using Scan = cub::BlockScan<int, kRouteThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   const int tid = threadIdx.x;
-  const int count = tid < p.experts ? counts[tid] : 0;
-  const int tiles = (count + p.tile_m - 1) / p.tile_m;
-  int row0, tile0, total_rows, total_tiles;
-  Scan(scan_storage).ExclusiveSum(count, row0, total_rows);
-  __syncthreads();
-  Scan(scan_storage).ExclusiveSum(tiles, tile0, total_tiles);
-  if (tid < p.experts) {
-    p.expert_offset[tid] = row0;
-    p.expert_tile_offset[tid] = tile0;
-    cursor[tid] = row0;
-    for (int m = 0; m < tiles; ++m) {
-      p.tile_expert[tile0 + m] = tid;
-      p.tile_row0[tile0 + m] = row0 + m * p.tile_m;
-    }
-  }
-  if (tid == 0) {
-    p.expert_offset[p.experts] = total_rows;
-    p.expert_tile_offset[p.experts] = total_tiles;
-    *p.num_tiles = total_tiles;
-  }
+  const int row0 = scan_counts_and_list_tiles<Scan>(p, scan_storage, tid < p.experts ? counts[tid] : 0);
+  if (tid < p.experts) cursor[tid] = row0;
 }
 
 // 3. Per chunk again: the histogram, one global atomic per touched expert to take a run of rows,
@@ -162,13 +157,7 @@ __global__ void __launch_bounds__(kRouteChunkThreads) route_place_kernel(Routing
   const int64_t r1 = min(p.routes, r0 + kRouteChunk);
   for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
     const int e = local_expert(p, r);
-    int row = -1;
-    if (e >= 0) {
-      row = base[e] + atomicAdd(&hist[e], 1);
-      p.row_route[row] = static_cast<int>(r);
-      p.row_expert[row] = e;
-    }
-    p.route_row[r] = row;
+    record_route(p, r, e, e >= 0 ? base[e] + atomicAdd(&hist[e], 1) : -1);
   }
 }
 
