@@ -73,10 +73,12 @@ using dynamic::kWarpgroup;
 using dynamic::TileInfo;
 
 inline constexpr int BM = 256;                 // routed rows per m-tile: the wgmma N (the routing's tile_m)
-inline constexpr int kPartRows = dynamic::BM;  // routed rows per epilogue part (the staging buffer's)
-inline constexpr int kParts = BM / kPartRows;
 inline constexpr int kAcc = BM / 2;            // fp32 accumulators per consumer thread (m64n256)
-inline constexpr int kStages = 3;              // 48 KB each: 3 fit beside the staging, 4 do not
+// 48 KB each. 4 fit because FC2 stores from registers (no staging) and FC1 stages 64 columns of h in
+// bf16 (32 KB). With 3 stages and a 68 KB staging, the consumers waited for "full" ~36 % of their
+// time in mixtral-8x7b's FC1 at T = 16384 (Nsight Compute, NOTES session 8): with one stage in the
+// tensor cores and one waiting for its release, a copy had ~2 steps (~1.4 µs) to land.
+inline constexpr int kStages = 4;
 // m-tiles per band of the work order: 1024 routed rows, as at BM = 128 with 8 m-tiles, so a band's
 // activations take the same room in L2 as in the measured configuration (mixtral FC2: 29 MB).
 inline constexpr int kBand = 1024 / BM;
@@ -179,16 +181,16 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams 
 }
 
 // ---- the GEMM ---------------------------------------------------------------------------------------
-// FC1's staging row: 128 intermediate columns (64 when gated) of h in bf16, padded so that the
-// accumulator stores (8 columns × 4 rows two apart per instruction) and the 16-byte reads down 8
-// rows are both conflict-free (row stride 68 words).
-inline constexpr int kHs = BN + 8;
-// Gated: 64 columns, after kPairChunk pre-activation pairs per thread (32 KB); row stride 36 words
-// (conflict-free 16-byte reads down rows; the stores are 2-way).
-inline constexpr int kPairChunk = 16;
-inline constexpr int kHsGated = BN / 2 + 8;
-inline constexpr int kHsGatedOffset = kPairChunk * kConsumers * kWarpgroup * 4;  // bf16 elements past the pairs
-static_assert(kHsGatedOffset * 2 + BM * kHsGated * 2 <= BM * kHs * 2, "the gated staging fits the FC1 staging");
+// FC1's staging: h in bf16 for 64 intermediate columns × the tile's 256 routed rows, [routed row][64],
+// 128 bytes per row with its 16-byte chunks XOR-swizzled by row (chunk c of row n at c ^ (n & 7)): the
+// accumulator threads' stores (8 consecutive columns × 4 rows two apart per instruction) and the
+// helpers' 16-byte reads (one chunk of 8 consecutive rows per quarter-warp) are conflict-free without
+// padding. A gated tile has 64 columns; a non-gated one (relu2, 128 columns) goes through in two
+// halves, one per consumer warpgroup.
+inline constexpr int kHCols = BN / 2;
+__device__ __forceinline__ int h_offset(int n, int j) {  // element offset of (routed row n, column j)
+  return n * kHCols + ((((j >> 3) ^ (n & 7)) << 3) | (j & 7));
+}
 
 // Tiles in the 128B-swizzled layout, so each starts 1024-byte aligned: the kernel aligns its dynamic
 // shared memory up to 1024 bytes (kSmemAlign of slack in the launch's size).
@@ -196,20 +198,17 @@ inline constexpr uint32_t kSmemAlign = wgmma::kSw128Atom;
 struct alignas(1024) Smem {
   __nv_bfloat16 a[kStages][BM * BK];   // activation tiles (256 rows, 64 k), sw128: 32 KB (tensor copies)
   __nv_bfloat16 w[kStages][BN * BK];   // weight tiles (128 rows, 64 k), sw128: 16 KB (bulk copies)
-  union {                              // epilogue staging
-    float c[kPartRows * kLdc];         // FC2: one part of alpha·acc + bias (dynamic::finish_tile), 66 KB
-    uint16_t h[BM * kHs];              // FC1: the tile's activations h in bf16 (fc1_finish), 68 KB
-  };
+  uint16_t h[BM * kHCols];             // FC1: 64 columns of h in bf16 (h_offset), 32 KB
   float rw[BM];                        // FC2: the tile's router weights (dynamic::router_weight)
   uint64_t full[kStages];              // 1 producer arrival with both copies' bytes
   uint64_t empty[kStages];             // 256 consumer arrivals
-  uint64_t h_full;                     // FC1: 256 consumer arrivals once a tile's h is staged
+  uint64_t h_full;                     // FC1: 256 consumer arrivals once a unit of h is staged
   uint64_t h_empty;                    // FC1: kHelpers arrivals once it is requantised
   int aborted;                         // watchdog (mbarrier.cuh)
 };
-// 3 · 48 KB + 68 KB + the barriers, rounded to 1 KB (218112 B), + the alignment slack.
+// 4 · 48 KB + 32 KB + 1 KB + the barriers, rounded to 1 KB (231424 B), + the alignment slack: the
+// whole 227 KB.
 static_assert(sizeof(Smem) + kSmemAlign <= 232448, "past the sm_90 opt-in shared memory per CTA (227 KB)");
-static_assert(BM % kPartRows == 0 && kAcc == 64 * kParts, "the epilogue takes the accumulators in parts");
 static_assert(BM == kConsumers * kWarpgroup, "consumer thread ct loads the router weight of routed row ct");
 
 // Work item w of the group → (m-tile, n-tile): bands of kBand m-tiles, the m-tile fastest inside a
@@ -247,101 +246,118 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, const CUtensorMa
 // The FC1 epilogue, computed where the accumulators are. Thread t of consumer c holds D rows
 // 16·warp + g and + 8 (g = lane / 4) of its 64 × 256 block for routed rows acc_col(t, i).
 //   Gated: the tile's virtual rows are interleaved by 8 (the pre-pass writes them so), so those two
-//   rows are the up and the gate row of one intermediate column jj = 32c + 8·warp + g. The thread
-//   applies alpha, the biases and the activation to its 64 (up, gate) pairs.
-//   Otherwise its two rows are two intermediate columns, 128 values.
-// h, rounded to bf16 (reference §2.4), goes to the staging as [routed row][column] once the
-// helpers have handed the staging back (h_empty); the consumers then arrive on h_full and go on,
-// and the helpers requantise it into A2 (fc1_requantise_tiles). n counts this CTA's tiles.
-// Why: staging alpha·acc + bias in fp32 took two passes per 256-row tile (the staging holds 128
-// rows) and each quantisation task first gathered 32 staged floats; FC1 ran at 65 % of the bf16
-// rate against FC2's 93 % with the same main loop (NOTES session 7).
+//   rows are the up and the gate row of one intermediate column jj = 32c + 8·warp + g: the thread
+//   applies alpha, the biases and the activation to its 64 (up, gate) pairs in registers, unrolled
+//   (GatedActivation: one copy of the code for the three gated activations), and stages h in bf16.
+//   The tile is one staging unit.
+//   Otherwise (relu2) its two rows are two intermediate columns and the tile is two units of 64
+//   columns, warpgroup c's columns in unit c.
+// For each unit: wait until the helpers have requantised the previous one out of the staging
+// (h_empty), store, arrive on h_full; the helpers requantise it into A2 (fc1_requantise_tiles)
+// while the consumers go on. u counts this CTA's units.
 template <int kAccN>
 __device__ __forceinline__ void fc1_finish(const MoeGemmParams& p, const TileInfo& ti, const float (&acc)[kAccN],
-                                           Smem& sm, int c, int t, int ct, uint32_t n, const ptx::Watchdog& wd) {
+                                           Smem& sm, int c, int t, uint32_t& u, const ptx::Watchdog& wd) {
   const int warp = t >> 5, g = (t & 31) >> 2, l4 = t & 3;
-  uint16_t* const hs = sm.h;
-  // The helpers have requantised tile n - 1 out of the staging (on a fresh barrier tile 0 passes).
-  ptx::mbar_wait(&sm.h_empty, (n & 1) ^ 1, wd, dynamic::kWaitStagingFree, static_cast<int>(n));
   const float alpha = p.alpha[ti.e];
   const float* be = p.bias ? p.bias + static_cast<int64_t>(ti.e) * p.w_rows : nullptr;
-  const int cols = p.gated ? BN / 2 : BN;  // intermediate columns of the tile
   if (p.gated) {
-    // The pre-activation pairs go through a thread-private shared area (pair k of a chunk at
-    // [k][ct]: 8 contiguous bytes per lane, conflict-free) so that the activation runs in a loop
-    // that is not unrolled over all 64 pairs: so unrolled with every activation's code, the kernel
-    // was 28.8 K instructions and its epilogue ran from instruction-cache misses (FC1 22.7 ms
-    // against 14.7; NOTES session 7). The loop is unrolled by 4 for latency (GatedActivation: one
-    // copy of the code for every gated activation).
-    float2* const pairs = reinterpret_cast<float2*>(hs);                  // 16 × 256 pairs: 32 KB
-    uint16_t* const hg = hs + kHsGatedOffset;                             // then [256][kHsGated]
-    const int jj = 32 * c + 8 * warp + g, j = ti.y * cols + jj;
+    const int jj = 32 * c + 8 * warp + g, j = ti.y * kHCols + jj;
     const float bu = be ? be[j] : 0.0f, bg = be ? be[p.i_pad + j] : 0.0f;
     const GatedActivation act(p);
+    ptx::mbar_wait(&sm.h_empty, (u & 1) ^ 1, wd, dynamic::kWaitStagingFree, static_cast<int>(u));
 #pragma unroll
-    for (int chunk = 0; chunk < kAccN / 2 / kPairChunk; ++chunk) {
-#pragma unroll
-      for (int k = 0; k < kPairChunk; ++k) {  // pair (q, b) = (idx / 2, idx % 2): acc 4q + b (up), 4q + 2 + b (gate)
-        const int idx = chunk * kPairChunk + k, q = idx >> 1, b = idx & 1;
-        pairs[k * kConsumers * kWarpgroup + ct] =
-            make_float2(alpha * acc[4 * q + b] + bu, alpha * acc[4 * q + 2 + b] + bg);
-      }
-#pragma unroll 4
-      for (int k = 0; k < kPairChunk; ++k) {
-        const float2 ug = pairs[k * kConsumers * kWarpgroup + ct];
-        const float h = act(ug.y, ug.x);
-        const int idx = chunk * kPairChunk + k, n = 8 * (idx >> 1) + 2 * l4 + (idx & 1);
-        hg[n * kHsGated + jj] = __bfloat16_as_ushort(__float2bfloat16_rn(h));  // RNE as fmt::bf16_from_f32 (a NaN stays a NaN)
-      }
+    for (int idx = 0; idx < kAccN / 2; ++idx) {  // pair (q, b): acc 4q + b (up), 4q + 2 + b (gate), routed row 8q + 2·l4 + b
+      const int q = idx >> 1, b = idx & 1, n = 8 * q + 2 * l4 + b;
+      const float h = act(alpha * acc[4 * q + 2 + b] + bg, alpha * acc[4 * q + b] + bu);
+      sm.h[h_offset(n, jj)] = __bfloat16_as_ushort(__float2bfloat16_rn(h));  // RNE as fmt::bf16_from_f32 (a NaN stays a NaN)
     }
-  } else {  // relu2, the one activation without a gate: its code is small enough to unroll
+    ptx::mbar_arrive(&sm.h_full);  // release: the helpers' wait sees these stores
+    ++u;
+  } else {  // relu2, the one activation without a gate
 #pragma unroll
-    for (int h2 = 0; h2 < 2; ++h2) {
-      const int v = 64 * c + 16 * warp + g + 8 * h2, row = ti.y * BN + v;
-      const bool ok = row < p.w_rows;
-      const float bias = ok && be ? be[row] : 0.0f;
+    for (int half = 0; half < 2; ++half) {
+      ptx::mbar_wait(&sm.h_empty, (u & 1) ^ 1, wd, dynamic::kWaitStagingFree, static_cast<int>(u));
+      if (c == half) {
 #pragma unroll
-      for (int q = 0; q < kAccN / 4; ++q)
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const int jj = 16 * warp + g + 8 * h2, row = ti.y * BN + 64 * c + jj;
+          const bool ok = row < p.w_rows;
+          const float bias = ok && be ? be[row] : 0.0f;
 #pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          const float x = alpha * acc[4 * q + 2 * h2 + b] + bias;
-          const float h = apply_activation<float>(Activation::kRelu2, x, 0.0f, p.sw_alpha, p.sw_beta, p.sw_limit);
-          hs[(8 * q + 2 * l4 + b) * kHs + v] = ok ? __bfloat16_as_ushort(__float2bfloat16_rn(h)) : uint16_t{0};
+          for (int q = 0; q < kAccN / 4; ++q)
+#pragma unroll
+            for (int b = 0; b < 2; ++b) {
+              const float x = alpha * acc[4 * q + 2 * h2 + b] + bias;
+              const float h = apply_activation<float>(Activation::kRelu2, x, 0.0f, p.sw_alpha, p.sw_beta, p.sw_limit);
+              sm.h[h_offset(8 * q + 2 * l4 + b, jj)] = ok ? __bfloat16_as_ushort(__float2bfloat16_rn(h)) : uint16_t{0};
+            }
         }
+      }
+      ptx::mbar_arrive(&sm.h_full);
+      ++u;
     }
   }
-  ptx::mbar_arrive(&sm.h_full);  // release: the helpers' wait sees these stores
+}
+
+// The FC2 epilogue straight from the accumulators: Y[row0 + n][y·BN + v] = rw[n] · (alpha · acc + bias)
+// for routed rows n < valid and columns < H, the same operations as dynamic::finish_tile then
+// fc2_store_rows. Each warp store writes 8 consecutive floats (one 32-byte sector) of 4 rows. No
+// staging: that let the ring have 4 stages. The router weights were stored to sm.rw by thread n
+// (router_weight) before the first barrier; the second keeps the next tile's stores off them.
+template <int kAccN>
+__device__ __forceinline__ void fc2_finish(const MoeGemmParams& p, const TileInfo& ti, const float (&acc)[kAccN],
+                                           const Smem& sm, int c, int t) {
+  ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
+  const float alpha = p.alpha[ti.e];
+  const float* be = p.bias ? p.bias + static_cast<int64_t>(ti.e) * p.w_rows : nullptr;
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    const int col = ti.y * BN + 64 * c + wgmma::acc_row(t, 2 * h2);
+    const bool ok = col < p.hidden;
+    const float bias = ok && be ? be[col] : 0.0f;
+#pragma unroll
+    for (int q = 0; q < kAccN / 4; ++q)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const int i = 4 * q + 2 * h2 + b, n = wgmma::acc_col(t, i);
+        if (ok && n < ti.valid)
+          p.y[static_cast<int64_t>(ti.row0 + n) * p.hidden + col] = sm.rw[n] * (alpha * acc[i] + bias);
+      }
+  }
+  ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
 }
 
 // The helpers: warps 1..3 of the producer warpgroup (warp 0's first thread issues the copies). For
-// each FC1 tile of this CTA, in the consumers' order, once its h is staged: the routed rows' h in
-// quantisation blocks → Q2 → A2 (quant_dequant_bf16_run), one block per task, consecutive threads on
-// consecutive rows of one block (16-byte reads down rows of stride 36 or 68 words: conflict-free;
-// quant_dequant_bf16_run keeps at most 8 values live, for the warpgroup's small register budget);
-// then the staging is handed back. The consumers meanwhile run the next tile's MMAs: this work
-// took the tensor cores' time when the consumers did it (NOTES session 8).
+// each staging unit of this CTA's FC1 tiles (fc1_finish), in the consumers' order, once it is
+// staged: the routed rows' 64 columns of h in quantisation blocks → Q2 → A2
+// (quant_dequant_bf16_run), one block per task, consecutive threads on consecutive rows of one block
+// (h_offset's swizzle: conflict-free 16-byte reads; at most 8 values live, for the warpgroup's small
+// register budget); then the staging is handed back. The consumers meanwhile run the next MMAs.
 inline constexpr int kHelpers = kWarpgroup - 32;
 __device__ __forceinline__ void fc1_requantise_tiles(const MoeGemmParams& p, Smem& sm, int n_tiles, int tile_begin,
                                                      int tiles, const ptx::Watchdog& wd) {
   const int tid = threadIdx.x - 32;
   const int work = tiles * n_tiles;
-  const int cols = p.gated ? BN / 2 : BN, qb = quant_block(p.q2), nb = cols / qb;
-  const int ld = p.gated ? kHsGated : kHs;
-  const uint16_t* const hs = p.gated ? sm.h + kHsGatedOffset : sm.h;
-  uint32_t n = 0;
-  for (int w = blockIdx.x; w < work; w += gridDim.x, ++n) {
+  const int qb = quant_block(p.q2), nb = kHCols / qb;
+  const int units = p.gated ? 1 : 2;
+  uint32_t u = 0;
+  for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = band_item(p, w, n_tiles, tile_begin, tiles);
-    ptx::mbar_wait(&sm.h_full, n & 1, wd, dynamic::kWaitStaged, static_cast<int>(n));
-    const int i0 = ti.y * cols;
-    // Blocks past i_pad (the last n-tile of a non-gated FC1 whose I is not a multiple of 128).
-    const int blocks = min(nb, (p.i_pad - i0) / qb);
-    for (int task = tid; task < ti.valid * blocks; task += kHelpers) {
-      const int r = task % ti.valid, b = task / ti.valid;
-      __nv_bfloat16* dst = p.a2 + static_cast<int64_t>(ti.row0 + r) * p.i_pad + i0 + b * qb;
-      if (qb == 16) quant_dequant_bf16_run<16>(p.q2, hs + r * ld + 16 * b, p.q2_scale[ti.e], dst);
-      else quant_dequant_bf16_run<32>(p.q2, hs + r * ld + 32 * b, p.q2_scale[ti.e], dst);
+    for (int half = 0; half < units; ++half, ++u) {
+      ptx::mbar_wait(&sm.h_full, u & 1, wd, dynamic::kWaitStaged, static_cast<int>(u));
+      const int i0 = ti.y * (units * kHCols) + half * kHCols;
+      // Blocks past i_pad (the last n-tile of a non-gated FC1 whose I is not a multiple of 128).
+      const int blocks = min(nb, (p.i_pad - i0) / qb);
+      for (int task = tid; task < ti.valid * blocks; task += kHelpers) {
+        const int r = task % ti.valid, b = task / ti.valid;
+        __nv_bfloat16* dst = p.a2 + static_cast<int64_t>(ti.row0 + r) * p.i_pad + i0 + b * qb;
+        const uint16_t* row = sm.h + r * kHCols;
+        if (qb == 16) quant_dequant_bf16_run<16>(p.q2, row, 16 * b, r & 7, p.q2_scale[ti.e], dst);
+        else quant_dequant_bf16_run<32>(p.q2, row, 32 * b, r & 7, p.q2_scale[ti.e], dst);
+      }
+      ptx::mbar_arrive(&sm.h_empty);
     }
-    ptx::mbar_arrive(&sm.h_empty);
   }
 }
 
@@ -360,8 +376,8 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
   float acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
-  uint32_t it = 0, n = 0;
-  for (int w = blockIdx.x; w < work; w += gridDim.x, ++n) {
+  uint32_t it = 0, u = 0;
+  for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = band_item(p, w, n_tiles, tile_begin, tiles);
     const float rw = kFc1 ? 0.0f : dynamic::router_weight(p, ti, ct);
     for (int kt = 0; kt < ktiles; ++kt, ++it) {
@@ -384,17 +400,10 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
     ptx::fence_operand(acc);
     ptx::mbar_arrive(&sm.empty[(it - 1) % kStages]);
     if constexpr (kFc1) {
-      fc1_finish(p, ti, acc, sm, c, t, ct, n, wd);
+      fc1_finish(p, ti, acc, sm, c, t, u, wd);
     } else {
-      // FC2 in parts of kPartRows routed rows through the one staging buffer; a part without rows
-      // (the tile's last rows past the expert) is skipped by all 256 threads alike. The router
-      // weights are read after the first part's first barrier.
-      sm.rw[ct] = rw;
-#pragma unroll
-      for (int part = 0; part < kParts; ++part) {
-        const TileInfo pi{ti.y, ti.e, ti.row0 + kPartRows * part, ti.valid - kPartRows * part};
-        if (pi.valid > 0) dynamic::finish_tile<false>(p, pi, acc, sm.c, c, t, ct, part, sm.rw + kPartRows * part);
-      }
+      sm.rw[ct] = rw;  // read after fc2_finish's first barrier
+      fc2_finish(p, ti, acc, sm, c, t);
     }
   }
 }

@@ -152,13 +152,15 @@ TEST(GpuQuantizers, LaneParallelEqualsBlockBitForBit) {
 }
 
 // The bf16-input form (quantize.cuh quant_dequant_bf16_run: bf16 values read from memory in two
-// passes, at most 8 live), as the bf16 path's helper warps requantise FC1's staged h.
+// passes, at most 8 live), as the bf16 path's helper warps requantise FC1's staged h: rows of 64
+// values whose 16-byte chunks sit XOR-swizzled by row (chunk c of row r at c ^ (r & 7)), or plain.
 __global__ void quant_dequant_bf16_run_kernel(kernels::QuantKind q, const uint16_t* v, int blocks, float g,
-                                              __nv_bfloat16* out) {
+                                              bool swizzled, __nv_bfloat16* out) {
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= blocks) return;
-  if (kernels::quant_block(q) == 16) kernels::quant_dequant_bf16_run<16>(q, v + b * 16, g, out + b * 16);
-  else kernels::quant_dequant_bf16_run<32>(q, v + b * 32, g, out + b * 32);
+  const int n = kernels::quant_block(q), r = b * n / 64, x = swizzled ? r & 7 : 0;
+  if (n == 16) kernels::quant_dequant_bf16_run<16>(q, v + r * 64, b * 16 % 64, x, g, out + b * 16);
+  else kernels::quant_dequant_bf16_run<32>(q, v + r * 64, b * 32 % 64, x, g, out + b * 32);
 }
 
 TEST(GpuQuantizers, Bf16RunEqualsBlockBitForBit) {
@@ -171,15 +173,26 @@ TEST(GpuQuantizers, Bf16RunEqualsBlockBitForBit) {
     std::vector<uint16_t> h(v.size());
     std::vector<float> hv(v.size());
     for (size_t i = 0; i < v.size(); ++i) h[i] = fmt::bf16_from_f32(v[i]), hv[i] = fmt::f32_from_bf16(h[i]);
+    std::vector<uint16_t> hs(h.size());  // the same rows of 64, chunks swizzled
+    for (size_t i = 0; i < h.size(); ++i) {
+      const size_t r = i / 64, c = i % 64 / 8;
+      hs[r * 64 + ((c ^ (r & 7)) * 8) + i % 8] = h[i];
+    }
     DeviceArray<float> dv(hv);
-    DeviceArray<uint16_t> dh(h);
-    DeviceArray<__nv_bfloat16> dblock(poisoned(total)), drun(poisoned(total));
+    DeviceArray<uint16_t> dh(h), dhs(hs);
+    DeviceArray<__nv_bfloat16> dblock(poisoned(total));
     quant_dequant_kernel<<<(blocks + 127) / 128, 128>>>(q, dv.get(), blocks, 0.37f, dblock.get());
     GPU_CHECK(cudaGetLastError());
-    quant_dequant_bf16_run_kernel<<<(blocks + 127) / 128, 128>>>(q, dh.get(), blocks, 0.37f, drun.get());
-    GPU_CHECK(cudaGetLastError());
-    GPU_CHECK(cudaDeviceSynchronize());
-    expect_bitwise_equal(dblock.download(), drun.download(), q, n);
+    const auto want = dblock.download();
+    for (bool swizzled : {false, true}) {
+      DeviceArray<__nv_bfloat16> drun(poisoned(total));
+      quant_dequant_bf16_run_kernel<<<(blocks + 127) / 128, 128>>>(q, swizzled ? dhs.get() : dh.get(), blocks, 0.37f,
+                                                                   swizzled, drun.get());
+      GPU_CHECK(cudaGetLastError());
+      GPU_CHECK(cudaDeviceSynchronize());
+      SCOPED_TRACE(swizzled ? "swizzled rows" : "plain rows");
+      expect_bitwise_equal(want, drun.download(), q, n);
+    }
   }
 }
 

@@ -88,21 +88,27 @@ __device__ __forceinline__ __nv_bfloat16 quant_dequant_lanes(QuantKind q, float 
   return quant_block(q) == 16 ? quant_dequant_lanes<16>(q, v, g) : quant_dequant_lanes<32>(q, v, g);
 }
 
-// quant_dequant_block over kBlock bf16 values read from memory (src and dst 16-byte aligned), with few
-// registers: one pass for the block's amax and NaN, a second that codes, decodes and stores 8 values
-// at a time, so no more than 8 values are live. The same fmt:: steps as quant_dequant_block, so the
-// results are equal bit for bit. For threads with a small register budget (the bf16 path's FC1
-// requantisation runs in the producer warpgroup, dynamic_bf16.cuh).
+// quant_dequant_block over kBlock bf16 values read from memory, with few registers: one pass for the
+// block's amax and NaN, a second that codes, decodes and stores 8 values at a time, so no more than 8
+// values are live. The same fmt:: steps as quant_dequant_block, so the results are equal bit for
+// bit. The values are columns col0.. of `row`, held in 16-byte chunks of 8 whose index is XORed
+// with `x` (a swizzled staging row; x = 0: plain); col0 a multiple of 8, dst 16-byte aligned. For
+// threads with a small register budget (the bf16 path's FC1 requantisation runs in the producer
+// warpgroup, dynamic_bf16.cuh).
 namespace detail {
 __device__ __forceinline__ float bf16_word_half(uint32_t w, int half) {
   return fmt::f32_from_bf16(static_cast<uint16_t>(half ? w >> 16 : w & 0xFFFFu));
 }
-// Pass 2: dst[i] = bf16(elem(src[i]) · s); elem codes and decodes one value.
+__device__ __forceinline__ uint4 staged_chunk(const uint16_t* row, int col, int x) {
+  return *reinterpret_cast<const uint4*>(row + (((col >> 3) ^ x) << 3));
+}
+// Pass 2: dst[i] = bf16(elem(v_i) · s); elem codes and decodes one value.
 template <int kBlock, class Elem>
-__device__ __forceinline__ void dequant_pass(const uint16_t* src, __nv_bfloat16* dst, float s, Elem elem) {
+__device__ __forceinline__ void dequant_pass(const uint16_t* row, int col0, int x, __nv_bfloat16* dst, float s,
+                                             Elem elem) {
 #pragma unroll 1
   for (int i = 0; i < kBlock; i += 8) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(src + i);
+    const uint4 raw = staged_chunk(row, col0 + i, x);
     const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
     uint32_t o[4];
 #pragma unroll
@@ -116,18 +122,19 @@ __device__ __forceinline__ void dequant_pass(const uint16_t* src, __nv_bfloat16*
 }  // namespace detail
 
 template <int kBlock>
-__device__ __forceinline__ void quant_dequant_bf16_run(QuantKind q, const uint16_t* src, float g, __nv_bfloat16* dst) {
-  static_assert(kBlock % 8 == 0, "16-byte words");
+__device__ __forceinline__ void quant_dequant_bf16_run(QuantKind q, const uint16_t* row, int col0, int x, float g,
+                                                       __nv_bfloat16* dst) {
+  static_assert(kBlock % 8 == 0, "16-byte chunks");
   if (q == QuantKind::kNone) {  // bf16 in, bf16 out
 #pragma unroll
-    for (int i = 0; i < kBlock; i += 8) *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(src + i);
+    for (int i = 0; i < kBlock; i += 8) *reinterpret_cast<uint4*>(dst + i) = detail::staged_chunk(row, col0 + i, x);
     return;
   }
   float amax = 0.0f;  // fmt::block_amax: a NaN never raises amax, and marks the block
   bool nan = false;
 #pragma unroll
   for (int i = 0; i < kBlock; i += 8) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(src + i);
+    const uint4 raw = detail::staged_chunk(row, col0 + i, x);
     const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -139,20 +146,19 @@ __device__ __forceinline__ void quant_dequant_bf16_run(QuantKind q, const uint16
   }
   if constexpr (kBlock == fmt::kNvfp4Block) {
     const fmt::Nvfp4Block b = fmt::nvfp4_block(amax, nan, g);
-    detail::dequant_pass<kBlock>(src, dst, fmt::e4m3_decode(b.scale),
+    detail::dequant_pass<kBlock>(row, col0, x, dst, fmt::e4m3_decode(b.scale),
                                  [&](float v) { return fmt::e2m1_decode(fmt::nvfp4_code(v, b)); });
   } else {
     static_assert(kBlock == fmt::kMxBlock);
     if (q == QuantKind::kMxfp4) {
       const fmt::MxBlock b = fmt::mx_block(amax, nan, fmt::kE2M1Max);
-      detail::dequant_pass<kBlock>(src, dst, fmt::ue8m0_decode(b.scale),
+      detail::dequant_pass<kBlock>(row, col0, x, dst, fmt::ue8m0_decode(b.scale),
                                    [&](float v) { return fmt::e2m1_decode(fmt::mxfp4_code(v, b)); });
     } else {
       const fmt::MxBlock b = fmt::mx_block(amax, nan, fmt::kE4M3Max);
-      detail::dequant_pass<kBlock>(src, dst, fmt::ue8m0_decode(b.scale),
+      detail::dequant_pass<kBlock>(row, col0, x, dst, fmt::ue8m0_decode(b.scale),
                                    [&](float v) { return fmt::e4m3_decode(fmt::mxfp8_code(v, b)); });
     }
   }
 }
-
 }  // namespace fp4moe::kernels
