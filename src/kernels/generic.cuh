@@ -170,13 +170,19 @@ struct GatherParams {
 };
 
 inline constexpr int kGatherWarps = 8;
+static_assert(kMaxTopK <= 32, "gather_block holds one routing slot per lane");
 // Warps per token: 32 blocks each.
 __host__ __device__ inline int gather_chunks(int h_pad, QuantKind q) { return (h_pad / quant_block(q) + 31) / 32; }
 
+// The token's routes are loaded once per warp, lane j holding slot j's row and its expert's scale
+// (K ≤ 32), and broadcast by shuffles: loading them per slot made three dependent global loads
+// (route_row, row_expert, q1_scale) per route, 24 round trips per warp at K = 8.
 template <int kBlock>
-__device__ __forceinline__ void gather_block(const GatherParams& p, int t, int b) {
+__device__ __forceinline__ void gather_block(const GatherParams& p, int t, int b, bool active, int lane) {
+  const int slot_row = lane < p.top_k ? p.route_row[static_cast<int64_t>(t) * p.top_k + lane] : -1;
+  const float slot_g = slot_row >= 0 ? p.q1_scale[p.row_expert[slot_row]] : 0.0f;
   float v[kBlock];
-  if (b * kBlock < p.hidden) {
+  if (active && b * kBlock < p.hidden) {
     const __nv_bfloat16* xb = p.x + static_cast<int64_t>(t) * p.hidden + b * kBlock;
 #pragma unroll
     for (int i = 0; i < kBlock; i += 8) {
@@ -193,9 +199,9 @@ __device__ __forceinline__ void gather_block(const GatherParams& p, int t, int b
   uint32_t done_scale = 0;
   bool done = false;
   for (int j = 0; j < p.top_k; ++j) {
-    const int row = p.route_row[static_cast<int64_t>(t) * p.top_k + j];
-    if (row < 0) continue;
-    const float g = p.q1_scale[p.row_expert[row]];
+    const int row = __shfl_sync(0xffffffffu, slot_row, j);
+    const float g = __shfl_sync(0xffffffffu, slot_g, j);
+    if (row < 0 || !active) continue;
     if (!done || __float_as_uint(g) != done_scale) {
       quant_dequant_block(p.q1, v, g, q);
       done_scale = __float_as_uint(g);
@@ -211,13 +217,11 @@ __global__ void __launch_bounds__(kGatherWarps * 32) gather_quantize_kernel(Gath
   const int chunks = gather_chunks(p.h_pad, p.q1);
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kGatherWarps + (threadIdx.x >> 5);
   const int t = static_cast<int>(warp / chunks);
-  const int b = static_cast<int>(warp % chunks) * 32 + (threadIdx.x & 31);
-  if (t >= p.tokens) return;
-  if (quant_block(p.q1) == 16) {
-    if (b < p.h_pad / 16) gather_block<16>(p, t, b);
-  } else {
-    if (b < p.h_pad / 32) gather_block<32>(p, t, b);
-  }
+  const int lane = threadIdx.x & 31;
+  const int b = static_cast<int>(warp % chunks) * 32 + lane;
+  if (t >= p.tokens) return;  // whole warps: t is the warp's
+  if (quant_block(p.q1) == 16) gather_block<16>(p, t, b, b < p.h_pad / 16, lane);
+  else gather_block<32>(p, t, b, b < p.h_pad / 32, lane);
 }
 
 // out[t, c..c+3] = Σ_j Y[route_row[t·K + j], c..c+3] in slot order; unrouted slots add nothing.
