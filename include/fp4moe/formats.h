@@ -27,6 +27,7 @@
 //   * The sign of zero is kept in E2M1 codes (-0.1 → 0x8), as hardware conversions do.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -145,6 +146,29 @@ FP4MOE_HD uint8_t e2m1_encode(float x) {
   else if (a <= 5.0f) mag = 6;    // tie 5    → 6
   else mag = 7;                   // saturate (Inf too)
   return static_cast<uint8_t>(mag | ((f32_bits(x) >> 28) & 8u));
+}
+
+// e2m1_decode(e2m1_encode(x)) without the code, in a few instructions (the kernels requantise
+// activations as quantise-then-dequantise, quantize.cuh): the nearest E2M1 value to x, ties to the
+// even code, saturating at ±6, the sign kept (−0 too), and +0 for a NaN. Why it is the same: E2M1's
+// grid has spacing 0.5 below 2, 1 from 2 to 4 and 2 from 4 to 6, and in each range the even codes
+// are the even multiples of the spacing (0, 1, 2 | 2, 4 | 4), so rounding |x| / spacing half-to-even
+// picks the neighbour e2m1_encode's decision points pick; at the range ends 1.75 and 3.5 (ties) both
+// round up to the next range's first value. The scaling by the spacing is exact (a power of two).
+// tests/cpu/test_formats.cpp compares the two on every float whose exponent reaches the grid.
+FP4MOE_HD float e2m1_round(float x) {
+  const float a = abs_f(x);
+  const float inv_step = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
+  const float step = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
+#if defined(__CUDA_ARCH__)
+  const float k = rintf(a * inv_step);  // round half to even
+#else
+  const float k = std::nearbyint(a * inv_step);  // the default rounding mode: half to even
+#endif
+  float r = k * step;
+  r = a < 6.0f ? r : 6.0f;  // saturate (Inf too); a NaN also lands here
+  r = is_nan(x) ? 0.0f : r;
+  return bits_f32(f32_bits(r) | (is_nan(x) ? 0u : f32_bits(x) & 0x80000000u));
 }
 
 // ---------------------------------------------------------------------------------------------

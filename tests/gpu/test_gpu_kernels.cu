@@ -163,6 +163,13 @@ __global__ void quant_dequant_bf16_run_kernel(kernels::QuantKind q, const uint16
   else kernels::quant_dequant_bf16_run<32>(q, v + r * 64, b * 32 % 64, x, g, out + b * 32);
 }
 
+// floats to bf16 as the consumers stage h (__float2bfloat16_rn: a NaN becomes the canonical NaN, where
+// fmt::bf16_from_f32 keeps its payload; the block form's kNone copy converts the same way).
+__global__ void to_bf16_kernel(const float* v, int n, uint16_t* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v[i]));
+}
+
 TEST(GpuQuantizers, Bf16RunEqualsBlockBitForBit) {
   REQUIRE_GPU();
   using kernels::QuantKind;
@@ -170,9 +177,13 @@ TEST(GpuQuantizers, Bf16RunEqualsBlockBitForBit) {
     const int n = kernels::quant_block(q), blocks = 1 << 15, total = blocks * n;
     // bf16 inputs (NaN and Inf blocks too); the block form quantises the same values as floats.
     const std::vector<float> v = edge_rich_values(static_cast<size_t>(total), 99);
-    std::vector<uint16_t> h(v.size());
+    DeviceArray<float> dv32(v);
+    DeviceArray<uint16_t> dh32(std::vector<uint16_t>(v.size(), 0));
+    to_bf16_kernel<<<(total + 255) / 256, 256>>>(dv32.get(), total, dh32.get());
+    GPU_CHECK(cudaGetLastError());
+    const std::vector<uint16_t> h = dh32.download();
     std::vector<float> hv(v.size());
-    for (size_t i = 0; i < v.size(); ++i) h[i] = fmt::bf16_from_f32(v[i]), hv[i] = fmt::f32_from_bf16(h[i]);
+    for (size_t i = 0; i < v.size(); ++i) hv[i] = fmt::f32_from_bf16(h[i]);
     std::vector<uint16_t> hs(h.size());  // the same rows of 64, chunks swizzled
     for (size_t i = 0; i < h.size(); ++i) {
       const size_t r = i / 64, c = i % 64 / 8;

@@ -27,26 +27,43 @@ __host__ __device__ inline int quant_block(QuantKind q) {
 
 // Quantise-dequantise one block of kBlock = quant_block(q) values, writing bf16.
 // g: NVFP4 decode global scale (ignored otherwise).
+// The dequantised element of a 4-bit block: e2m1_decode(nvfp4_code(v, b)) (resp. mxfp4_code) through
+// fmt::e2m1_round, ~10 instructions instead of the code's comparisons and its decode; equal bit for bit
+// (tests/cpu/test_formats.cpp, every float near the grid). A block without codes (NaN, zero scale)
+// gives +0, as code 0 does.
+__device__ __forceinline__ float nvfp4_elem(float v, const fmt::Nvfp4Block& b) {
+  return b.encode ? fmt::e2m1_round(fmt::mul_rn(v, b.inv)) : 0.0f;
+}
+__device__ __forceinline__ float mxfp4_elem(float v, const fmt::MxBlock& b) {
+  return b.encode ? fmt::e2m1_round(fmt::mul_rn(v, b.mul)) : 0.0f;
+}
+
 template <int kBlock>
 __device__ __forceinline__ void quant_dequant_block(QuantKind q, const float (&v)[kBlock], float g,
                                                     __nv_bfloat16 (&out)[kBlock]) {
-  uint8_t codes[kBlock];
   if constexpr (kBlock == fmt::kNvfp4Block) {  // kNone or kNvfp4
     if (q == QuantKind::kNone) {
 #pragma unroll
       for (int i = 0; i < kBlock; ++i) out[i] = __float2bfloat16_rn(v[i]);
       return;
     }
-    const float s = fmt::e4m3_decode(fmt::nvfp4_quantize_block(v, g, codes));
+    bool nan;
+    const float amax = fmt::block_amax(v, kBlock, &nan);  // sets nan: its own statement
+    const fmt::Nvfp4Block b = fmt::nvfp4_block(amax, nan, g);
+    const float s = fmt::e4m3_decode(b.scale);
 #pragma unroll
-    for (int i = 0; i < kBlock; ++i) out[i] = __float2bfloat16_rn(fmt::e2m1_decode(codes[i]) * s);
+    for (int i = 0; i < kBlock; ++i) out[i] = __float2bfloat16_rn(nvfp4_elem(v[i], b) * s);
   } else {  // kMxfp4 or kMxfp8
     static_assert(kBlock == fmt::kMxBlock);
     if (q == QuantKind::kMxfp4) {
-      const float s = fmt::ue8m0_decode(fmt::mxfp4_quantize_block(v, codes));
+      bool nan;
+      const float amax = fmt::block_amax(v, kBlock, &nan);
+      const fmt::MxBlock b = fmt::mx_block(amax, nan, fmt::kE2M1Max);
+      const float s = fmt::ue8m0_decode(b.scale);
 #pragma unroll
-      for (int i = 0; i < kBlock; ++i) out[i] = __float2bfloat16_rn(fmt::e2m1_decode(codes[i]) * s);
+      for (int i = 0; i < kBlock; ++i) out[i] = __float2bfloat16_rn(mxfp4_elem(v[i], b) * s);
     } else {
+      uint8_t codes[kBlock];
       const float s = fmt::ue8m0_decode(fmt::mxfp8_quantize_block(v, codes));
 #pragma unroll
       for (int i = 0; i < kBlock; ++i) out[i] = __float2bfloat16_rn(fmt::e4m3_decode(codes[i]) * s);
@@ -71,12 +88,12 @@ __device__ __forceinline__ __nv_bfloat16 quant_dequant_lanes(QuantKind q, float 
   }
   if constexpr (kBlock == fmt::kNvfp4Block) {
     const fmt::Nvfp4Block b = fmt::nvfp4_block(amax, nan != 0, g);
-    return __float2bfloat16_rn(fmt::e2m1_decode(fmt::nvfp4_code(v, b)) * fmt::e4m3_decode(b.scale));
+    return __float2bfloat16_rn(nvfp4_elem(v, b) * fmt::e4m3_decode(b.scale));
   } else {
     static_assert(kBlock == fmt::kMxBlock);
     if (q == QuantKind::kMxfp4) {
       const fmt::MxBlock b = fmt::mx_block(amax, nan != 0, fmt::kE2M1Max);
-      return __float2bfloat16_rn(fmt::e2m1_decode(fmt::mxfp4_code(v, b)) * fmt::ue8m0_decode(b.scale));
+      return __float2bfloat16_rn(mxfp4_elem(v, b) * fmt::ue8m0_decode(b.scale));
     }
     const fmt::MxBlock b = fmt::mx_block(amax, nan != 0, fmt::kE4M3Max);
     return __float2bfloat16_rn(fmt::e4m3_decode(fmt::mxfp8_code(v, b)) * fmt::ue8m0_decode(b.scale));
@@ -147,13 +164,13 @@ __device__ __forceinline__ void quant_dequant_bf16_run(QuantKind q, const uint16
   if constexpr (kBlock == fmt::kNvfp4Block) {
     const fmt::Nvfp4Block b = fmt::nvfp4_block(amax, nan, g);
     detail::dequant_pass<kBlock>(row, col0, x, dst, fmt::e4m3_decode(b.scale),
-                                 [&](float v) { return fmt::e2m1_decode(fmt::nvfp4_code(v, b)); });
+                                 [&](float v) { return nvfp4_elem(v, b); });
   } else {
     static_assert(kBlock == fmt::kMxBlock);
     if (q == QuantKind::kMxfp4) {
       const fmt::MxBlock b = fmt::mx_block(amax, nan, fmt::kE2M1Max);
       detail::dequant_pass<kBlock>(row, col0, x, dst, fmt::ue8m0_decode(b.scale),
-                                   [&](float v) { return fmt::e2m1_decode(fmt::mxfp4_code(v, b)); });
+                                   [&](float v) { return mxfp4_elem(v, b); });
     } else {
       const fmt::MxBlock b = fmt::mx_block(amax, nan, fmt::kE4M3Max);
       detail::dequant_pass<kBlock>(row, col0, x, dst, fmt::ue8m0_decode(b.scale),
