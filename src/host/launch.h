@@ -61,7 +61,6 @@ struct DynamicWorkspace {
   DeviceBuffer w_bf16;
   int bf16_group = 0;
   int64_t bf16_min_rows = 0;
-  int bf16_clusters = 0;  // CTA pairs of the bf16 GEMM that fit on the device at once
 };
 bool dynamic_supports(const DynamicWorkspace& ws, std::string* why);
 void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& gws, DynamicWorkspace& ws,
@@ -86,8 +85,7 @@ bool dynamic_uses_bf16(const MoeConfig& c, const DynamicWorkspace& ws, int64_t t
 size_t dynamic_bf16_smem_bytes();
 // Routed rows per m-tile of the bf16 GEMM: the routing's tile_m when a call takes the bf16 path.
 int dynamic_bf16_tile_m();
-// Returns how many of the GEMM's CTA pairs (2-CTA clusters) fit on the device at once.
-int dynamic_bf16_opt_in();
+void dynamic_bf16_opt_in();
 // Everything between the routing/gather and the combine on the bf16 path: per group of experts,
 // dequantise FC1's weights, FC1, dequantise FC2's, FC2.
 void launch_dynamic_bf16_groups(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& gws,

@@ -52,7 +52,7 @@ DynamicWorkspace::DynamicWorkspace(int device) {
     unsupported = "needs " + std::to_string(need) + " bytes of shared memory per CTA, device " +
                   std::to_string(device) + " allows " + std::to_string(optin);
   } else {
-    bf16_clusters = dynamic_bf16_opt_in();
+    dynamic_bf16_opt_in();
     // Above 48 KB a kernel must opt in, once per device (the caller has made `device` current).
     FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(dk::gemm_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(kSmemBytes)));

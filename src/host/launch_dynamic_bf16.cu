@@ -46,8 +46,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// p.a as the GEMM's producers read it: a_rows × k_pad bf16, boxes of BK k × BM / 2 rows (each CTA of a
-// pair loads half the activation tile, kernels/dynamic_bf16.cuh kCluster) written to
+// p.a as the GEMM's producer reads it: a_rows × k_pad bf16, boxes of BK k × BM rows written to
 // shared memory with the 128B swizzle of the wgmma operand (one 128-byte row of 64 k per routed
 // row, exactly the swizzle atom); rows past a_rows arrive as zeros. A pure host computation, so
 // it may run while a stream is being captured.
@@ -55,7 +54,7 @@ CUtensorMap activation_map(const kernels::MoeGemmParams& p) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.k_pad), static_cast<cuuint64_t>(p.a_rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.k_pad) * sizeof(__nv_bfloat16)};
-  const cuuint32_t box[2] = {db::BK, db::kAHalfRows};
+  const cuuint32_t box[2] = {db::BK, db::BM};
   const cuuint32_t unit[2] = {1, 1};
   const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(p.a), dims,
                                           strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -65,27 +64,6 @@ CUtensorMap activation_map(const kernels::MoeGemmParams& p) {
                  "): address ", static_cast<const void*>(p.a), ", ", p.a_rows, " rows × ", p.k_pad, " columns");
   return map;
 }
-
-// The GEMM's launch configuration: `clusters` clusters of kCluster CTAs. Not copyable: cfg points at
-// attr.
-struct ClusterLaunch {
-  cudaLaunchAttribute attr{};
-  cudaLaunchConfig_t cfg{};
-  ClusterLaunch(int64_t clusters, cudaStream_t s) {
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = db::kCluster;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cfg.gridDim = dim3(static_cast<unsigned>(db::kCluster * clusters));
-    cfg.blockDim = dim3(db::kThreads);
-    cfg.dynamicSmemBytes = kSmemBytes;
-    cfg.stream = s;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-  }
-  ClusterLaunch(const ClusterLaunch&) = delete;
-  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
-};
 
 template <bool kFc1>
 void launch_one(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, int64_t max_tiles, int* watchdog,
@@ -98,12 +76,8 @@ void launch_one(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, int
   const unsigned dq_grid = static_cast<unsigned>(std::min<int64_t>((units + kWarps - 1) / kWarps, 8 * ws.sms));
   db::dequant_kernel<kFc1><<<dq_grid, db::kDequantThreads, 0, s>>>(p, n_tiles);
   FP4MOE_CHECK_LAUNCH(kFc1 ? "dynamic_bf16::dequant_kernel<fc1>" : "dynamic_bf16::dequant_kernel<fc2>");
-  // Persistent: as many CTA pairs as fit at once (ws.bf16_clusters), or fewer when there is less work.
-  const int64_t pairs = max_tiles * ((n_tiles + 1) / 2);
-  FP4MOE_REQUIRE(ws.bf16_clusters > 0, Unsupported, "backend",
-                 "dynamic's bf16 path: its 2-CTA clusters do not fit on this device");
-  const ClusterLaunch l(std::min<int64_t>(ws.bf16_clusters, pairs), s);
-  FP4MOE_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, db::gemm_kernel<kFc1>, p, activation_map(p), n_tiles, watchdog));
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(ws.sms, work));
+  db::gemm_kernel<kFc1><<<grid, db::kThreads, kSmemBytes, s>>>(p, activation_map(p), n_tiles, watchdog);
   FP4MOE_CHECK_LAUNCH(kFc1 ? "dynamic_bf16::gemm_kernel<fc1>" : "dynamic_bf16::gemm_kernel<fc2>");
 }
 
@@ -112,19 +86,12 @@ void launch_one(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, int
 size_t dynamic_bf16_smem_bytes() { return kSmemBytes; }
 int dynamic_bf16_tile_m() { return db::BM; }
 
-int dynamic_bf16_opt_in() {
+void dynamic_bf16_opt_in() {
   (void)tensor_map_encoder();  // looked up here, outside any stream capture
   FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(db::gemm_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kSmemBytes)));
   FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(db::gemm_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kSmemBytes)));
-  // CTA pairs that fit at once: an SM holds one CTA, and a pair needs two SMs of one GPC (with an
-  // odd number of SMs in a GPC one stays idle).
-  const ClusterLaunch l(1, nullptr);
-  int fc1 = 0, fc2 = 0;
-  FP4MOE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fc1, db::gemm_kernel<true>, &l.cfg));
-  FP4MOE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fc2, db::gemm_kernel<false>, &l.cfg));
-  return std::min(fc1, fc2);
 }
 
 int64_t dynamic_bf16_expert_bytes(const MoeConfig& c, const DeviceWeights& w) {
@@ -137,7 +104,7 @@ void reserve_dynamic_bf16(DynamicWorkspace& ws, const MoeConfig& c, const Device
   FP4MOE_REQUIRE(budget >= per_expert, InvalidArgument, "options.prefill_bf16_bytes", "holds ", budget,
                  " bytes, less than one expert's bf16 weights (", per_expert, " bytes for ", c.to_string(),
                  "); give at least that, or 0 to never dequantise once per call");
-  if (!reachable || ws.bf16_clusters == 0) return;  // no pair fits (dynamic_bf16_opt_in): the register path
+  if (!reachable) return;
   ws.bf16_group = static_cast<int>(std::min<int64_t>(c.local_count(), budget / per_expert));
   ws.bf16_min_rows = min_rows;
   ws.w_bf16 = DeviceBuffer(static_cast<size_t>(ws.bf16_group * per_expert), "workspace.prefill_bf16");

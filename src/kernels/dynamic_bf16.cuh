@@ -16,9 +16,7 @@
 //                    with two TMA copies: the n-tile's 128 × 64 weight tile as one bulk copy (no
 //                    tensor map: the copy already holds the shared-memory image) and the 256 × 64
 //                    activation tile through a tensor map over A1 / A2 (built per launch,
-//                    launch_dynamic_bf16.cu) that applies the same 128B swizzle. CTAs run in
-//                    clusters of 2 on neighbouring n-tiles of one m-tile, each loading half the
-//                    activation tile for both by multicast (kCluster says why).
+//                    launch_dynamic_bf16.cu) that applies the same 128B swizzle.
 //
 // Why TMA for the activations: with cp.async (16 per producer thread per stage, and each thread
 // waiting for its previous stage to land before handing it over) the consumers waited on "full"
@@ -203,7 +201,7 @@ struct alignas(1024) Smem {
   uint16_t h[BM * kHCols];             // FC1: 64 columns of h in bf16 (h_offset), 32 KB
   float rw[BM];                        // FC2: the tile's router weights (dynamic::router_weight)
   uint64_t full[kStages];              // 1 producer arrival with both copies' bytes
-  uint64_t empty[kStages];             // one arrival per consumer warp of the pair (16)
+  uint64_t empty[kStages];             // 256 consumer arrivals
   uint64_t h_full;                     // FC1: 256 consumer arrivals once a unit of h is staged
   uint64_t h_empty;                    // FC1: kHelpers arrivals once it is requantised
   int aborted;                         // watchdog (mbarrier.cuh)
@@ -222,62 +220,27 @@ __device__ __forceinline__ TileInfo band_item(const MoeGemmParams& p, int w, int
   return dynamic::tile_at<BM>(p, tile_begin + band0 + r % size, r / size);
 }
 
-inline constexpr uint32_t kATileBytes = BM * BK * 2;  // 32 KB per stage, half from each CTA of the pair
+inline constexpr uint32_t kATileBytes = BM * BK * 2;  // 32 KB: one tensor copy per stage
 
-// The CTA pair: a cluster of 2 CTAs runs the same m-tile on two neighbouring n-tiles, so both read the
-// same activation tile. Each loads half its rows (128 × 64 k, 16 KB) and multicasts it to both, so a
-// CTA pulls 32 KB per step out of L2 instead of 48 for the same MACs. Why: with 48 KB per step the
-// consumers waited for "full" ~36 % of their time at mixtral-8x7b T = 16384 whether the ring had 3
-// stages or 4 (NOTES sessions 8 and 9): the copies' throughput, not their latency, set the pace; at the
-// bf16 rate 48 KB per 4.2 MFLOP is ~9 TB/s of L2 reads over 132 SMs.
-// Stage s of either CTA is written by both producers (its own weight tile and activation half, the
-// partner's half), so each CTA's "empty" counts the consumer warps of both (mbar_arrive_cluster).
-inline constexpr int kCluster = 2;
-inline constexpr int kAHalfRows = BM / kCluster;
-
-// Work item w of the pair → this CTA's (m-tile, n-tile): the items are (m-tile, pair of n-tiles) in
-// band order (band_item over ceil(n_tiles / 2) pairs), rank r takes n-tile 2·pair + r. With an odd
-// n_tiles, rank 1 of the last pair gets n-tile n_tiles: a phantom that loads its half of the
-// activations for its partner, runs the MMAs on whatever its weight stage holds, and stores nothing.
-__device__ __forceinline__ int pair_work(int tiles, int n_tiles) { return tiles * ((n_tiles + 1) / 2); }
-__device__ __forceinline__ TileInfo pair_item(const MoeGemmParams& p, int w, int n_tiles, int tile_begin, int tiles,
-                                              int rank) {
-  TileInfo ti = band_item(p, w, (n_tiles + 1) / 2, tile_begin, tiles);
-  ti.y = 2 * ti.y + rank;
-  return ti;
-}
-
-// The producer is one thread (the others of its warpgroup leave): per stage, once the consumers of
-// both CTAs have freed it, the weight tile by bulk copy and this CTA's half of the activation tile by
-// tensor copy multicast to the pair; "full" completes with the weight tile's bytes and both halves'.
+// The producer is one thread (the others of its warpgroup leave): per stage, once the consumers have
+// freed it, the weight tile by bulk copy and the activation tile by tensor copy, both completing
+// on "full" with their bytes.
 template <bool kFc1>
 __device__ __forceinline__ void produce(const MoeGemmParams& p, const CUtensorMap& a_map, Smem& sm, int n_tiles,
-                                        int tile_begin, int tiles, int rank, const ptx::Watchdog& wd) {
-  const int ktiles = p.k_pad / BK, work = pair_work(tiles, n_tiles);
-  constexpr uint16_t kPair = (1u << kCluster) - 1;
+                                        int tile_begin, int tiles, const ptx::Watchdog& wd) {
+  const int ktiles = p.k_pad / BK, work = tiles * n_tiles;
   uint32_t it = 0;
-  for (int w = blockIdx.x / kCluster; w < work; w += gridDim.x / kCluster) {
-    const TileInfo ti = pair_item(p, w, n_tiles, tile_begin, tiles, rank);
-    const bool real = ti.y < n_tiles;
+  for (int w = blockIdx.x; w < work; w += gridDim.x) {
+    const TileInfo ti = band_item(p, w, n_tiles, tile_begin, tiles);
     const __nv_bfloat16* wsrc = p.w_bf16 + wtile_offset(ti.e - p.expert_base, ti.y, 0, n_tiles, p.k_pad);
     for (int kt = 0; kt < ktiles; ++kt, ++it) {
       const int s = it % kStages;
       ptx::mbar_wait(&sm.empty[s], ((it / kStages) & 1) ^ 1, wd, dynamic::kWaitEmpty, it);
-      ptx::mbar_arrive_expect_tx(&sm.full[s], (real ? kWTileBytes : 0) + kATileBytes);  // before the copies
-      if (real) ptx::bulk_copy_g2s(sm.w[s], wsrc + static_cast<int64_t>(kt) * kWTileElems, kWTileBytes, &sm.full[s]);
-      ptx::tma_load_2d_multicast(sm.a[s] + rank * kAHalfRows * BK, &a_map, kt * BK, ti.row0 + rank * kAHalfRows,
-                                 &sm.full[s], kPair);
+      ptx::mbar_arrive_expect_tx(&sm.full[s], kWTileBytes + kATileBytes);  // before the copies it announces
+      ptx::bulk_copy_g2s(sm.w[s], wsrc + static_cast<int64_t>(kt) * kWTileElems, kWTileBytes, &sm.full[s]);
+      ptx::tma_load_2d(sm.a[s], &a_map, kt * BK, ti.row0, &sm.full[s]);
     }
   }
-}
-
-// A consumer warp's release of a stage: one arrival on "empty" in each CTA of the pair, once every
-// lane's wgmma reads of it are done.
-__device__ __forceinline__ void release_stage(uint64_t* empty) {
-  __syncwarp();
-  if ((threadIdx.x & 31) == 0)
-#pragma unroll
-    for (uint32_t r = 0; r < kCluster; ++r) ptx::mbar_arrive_cluster(empty, r);
 }
 
 // The FC1 epilogue, computed where the accumulators are. Thread t of consumer c holds D rows
@@ -373,15 +336,14 @@ __device__ __forceinline__ void fc2_finish(const MoeGemmParams& p, const TileInf
 // register budget); then the staging is handed back. The consumers meanwhile run the next MMAs.
 inline constexpr int kHelpers = kWarpgroup - 32;
 __device__ __forceinline__ void fc1_requantise_tiles(const MoeGemmParams& p, Smem& sm, int n_tiles, int tile_begin,
-                                                     int tiles, int rank, const ptx::Watchdog& wd) {
+                                                     int tiles, const ptx::Watchdog& wd) {
   const int tid = threadIdx.x - 32;
-  const int work = pair_work(tiles, n_tiles);
+  const int work = tiles * n_tiles;
   const int qb = quant_block(p.q2), nb = kHCols / qb;
   const int units = p.gated ? 1 : 2;
   uint32_t u = 0;
-  for (int w = blockIdx.x / kCluster; w < work; w += gridDim.x / kCluster) {
-    const TileInfo ti = pair_item(p, w, n_tiles, tile_begin, tiles, rank);
-    if (ti.y >= n_tiles) continue;  // a phantom (pair_item): the consumers stage nothing
+  for (int w = blockIdx.x; w < work; w += gridDim.x) {
+    const TileInfo ti = band_item(p, w, n_tiles, tile_begin, tiles);
     for (int half = 0; half < units; ++half, ++u) {
       ptx::mbar_wait(&sm.h_full, u & 1, wd, dynamic::kWaitStaged, static_cast<int>(u));
       const int i0 = ti.y * (units * kHCols) + half * kHCols;
@@ -405,18 +367,18 @@ __device__ __forceinline__ void fc1_requantise_tiles(const MoeGemmParams& p, Sme
 // operand_desc_sw128 of row 0 as the 128-row one was).
 template <bool kFc1>
 __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_tiles, int tile_begin, int tiles,
-                                        int rank, const ptx::Watchdog& wd) {
+                                        const ptx::Watchdog& wd) {
   const int c = threadIdx.x / kWarpgroup - 1;
   const int t = threadIdx.x % kWarpgroup;
   const int ct = threadIdx.x - kWarpgroup;
-  const int ktiles = p.k_pad / BK, work = pair_work(tiles, n_tiles);
+  const int ktiles = p.k_pad / BK, work = tiles * n_tiles;
   const uint32_t a_base = ptx::smem_addr(sm.a[0]), w_base = ptx::smem_addr(sm.w[0]);
   float acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
   uint32_t it = 0, u = 0;
-  for (int w = blockIdx.x / kCluster; w < work; w += gridDim.x / kCluster) {
-    const TileInfo ti = pair_item(p, w, n_tiles, tile_begin, tiles, rank);
+  for (int w = blockIdx.x; w < work; w += gridDim.x) {
+    const TileInfo ti = band_item(p, w, n_tiles, tile_begin, tiles);
     const float rw = kFc1 ? 0.0f : dynamic::router_weight(p, ti, ct);
     for (int kt = 0; kt < ktiles; ++kt, ++it) {
       const int s = it % kStages;
@@ -432,12 +394,11 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
       ptx::fence_operand(acc);
       ptx::wgmma_wait<1>();  // stage it - 1's group is done: its tiles are free
       ptx::fence_operand(acc);
-      if (kt > 0) release_stage(&sm.empty[(it - 1) % kStages]);
+      if (kt > 0) ptx::mbar_arrive(&sm.empty[(it - 1) % kStages]);
     }
     ptx::wgmma_wait<0>();
     ptx::fence_operand(acc);
-    release_stage(&sm.empty[(it - 1) % kStages]);
-    if (ti.y >= n_tiles) continue;  // a phantom (pair_item): nothing to store
+    ptx::mbar_arrive(&sm.empty[(it - 1) % kStages]);
     if constexpr (kFc1) {
       fc1_finish(p, ti, acc, sm, c, t, u, wd);
     } else {
@@ -456,18 +417,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t pad = (kSmemAlign - (ptx::smem_addr(smem_raw) & (kSmemAlign - 1))) & (kSmemAlign - 1);
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw + pad);
-  const int rank = static_cast<int>(ptx::cluster_ctarank());
   if (threadIdx.x == 0) {
     ptx::mbar_init(&sm.h_full, kConsumers * kWarpgroup);
     ptx::mbar_init(&sm.h_empty, kHelpers);
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbar_init(&sm.full[s], 1);                                      // the producer's arrival
-      ptx::mbar_init(&sm.empty[s], kCluster * kConsumers * kWarpgroup / 32);  // the pair's consumer warps
-    }
-    sm.aborted = 0;
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    dynamic::init_pipeline<kStages>(sm.full, sm.empty, 1, &sm.aborted);  // the producer's one arrival; the fence
   }
-  ptx::cluster_sync();  // the partner's barriers are initialised before any copy or arrival reaches them
+  __syncthreads();
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int tile_begin = p.expert_tile_offset[p.expert_base];
   const int tiles = p.expert_tile_offset[p.expert_base + p.expert_count] - tile_begin;
@@ -476,13 +431,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // 128·48 + 256·224 = 63488 ≤ 65536 (48: the helper warps' requantisation, without spills).
   if (threadIdx.x < kWarpgroup) {
     ptx::setmaxnreg_dec<48>();
-    if (threadIdx.x == 0) produce<kFc1>(p, a_map, sm, n_tiles, tile_begin, tiles, rank, wd);
-    else if (kFc1 && threadIdx.x >= 32) fc1_requantise_tiles(p, sm, n_tiles, tile_begin, tiles, rank, wd);
+    if (threadIdx.x == 0) produce<kFc1>(p, a_map, sm, n_tiles, tile_begin, tiles, wd);
+    else if (kFc1 && threadIdx.x >= 32) fc1_requantise_tiles(p, sm, n_tiles, tile_begin, tiles, wd);
   } else {
     ptx::setmaxnreg_inc<224>();
-    consume<kFc1>(p, sm, n_tiles, tile_begin, tiles, rank, wd);
+    consume<kFc1>(p, sm, n_tiles, tile_begin, tiles, wd);
   }
-  ptx::cluster_sync();  // no CTA leaves while its partner may still arrive on its barriers
 }
 
 }  // namespace fp4moe::kernels::dynamic_bf16

@@ -25,16 +25,6 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
                : "memory");
 }
 
-// One arrival on the mbarrier at `bar`'s offset in the shared memory of cluster rank `cta` (this CTA
-// too), with release semantics at cluster scope.
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
-  asm volatile(
-      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
-      "r"(cta)
-      : "memory");
-}
-
 // This thread's arrival, and `bytes` more transaction bytes that the phase waits for (bulk copies
 // that complete_tx on this barrier, ptx::bulk_copy_g2s). Issue it before the copies it announces.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {

@@ -43,29 +43,6 @@ __device__ __forceinline__ void tma_load_2d(void* smem, const void* tmap, int c0
       : "memory");
 }
 
-// The same tensor copy multicast over a cluster: the box lands at the same shared-memory offset in
-// every CTA of `cta_mask` (bit r: cluster rank r) and completes its bytes on the mbarrier at `bar`'s
-// offset in each of them.
-__device__ __forceinline__ void tma_load_2d_multicast(void* smem, const void* tmap, int c0, int c1, uint64_t* bar,
-                                                      uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_addr(smem)),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "h"(cta_mask)
-      : "memory");
-}
-
-// This CTA's rank in its cluster, and a barrier over every thread of the cluster (release / acquire:
-// shared-memory writes before it, mbarrier inits included, are seen by the other CTAs after it).
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-
 // ldmatrix.x4: four 8x8 b16 matrices; lane l supplies the row address of matrix l/8, row l%8.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
