@@ -29,18 +29,21 @@ struct RunArgs {
 };
 
 // ---- generic: routing pre-pass + grouped GEMMs + combine (any shape) ---------------------------
+// The smallest m-tile (routed rows) any GEMM asks the routing for: dynamic's register path at few
+// rows per expert (dynamic_tile_m). The tile list is sized for it.
+inline constexpr int kMinTileM = 32;
 struct GenericWorkspace {
   GenericWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens);
   size_t bytes() const;
   DeviceBuffer route_row, row_route, row_expert, expert_offset, expert_tile_offset, tile_expert, tile_row0, num_tiles, a1,
       a2, y;
   DeviceBuffer route_counts, route_cursor;  // the multi-CTA routing's per-expert counts and next rows
-  int64_t tile_capacity = 0;  // entries of tile_expert / tile_row0 (enough for tile_m >= generic's BM)
+  int64_t tile_capacity = 0;  // entries of tile_expert / tile_row0 (enough for tile_m >= kMinTileM)
 };
 void launch_generic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a);
 
 // The generic path's pieces that other backends reuse with the same workspace (launch_generic.cu):
-// routing pre-pass with m-tiles of tile_m rows (tile_m >= generic's BM), gather-quantise into A1,
+// routing pre-pass with m-tiles of tile_m rows (tile_m >= kMinTileM), gather-quantise into A1,
 // the top-k sum of Y into out, and the GEMM parameters of FC1 (fc1) or FC2.
 void launch_route(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, int tile_m);
 void launch_gather_quantize(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a);
@@ -68,8 +71,22 @@ void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace
 // The dynamic GEMM alone, for the kernel-level tests: p with its tile schedule already on the device,
 // at most max_tiles m-tiles. watchdog: null, or a zeroed device int[kernels::ptx::kWatchdogReportInts]
 // that a pipeline wait which timed out fills (kernels/common/mbarrier.cuh says with what).
+// tile_m: the m-tile the schedule was built with, 32, 64 or 128 (others: InvalidArgument).
 void launch_dynamic_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, bool fc1, int64_t max_tiles,
-                         int* watchdog, cudaStream_t stream);
+                         int tile_m, int* watchdog, cudaStream_t stream);
+// The register path's m-tile for a call of `routes` routes over `experts` local experts: the smallest
+// of 32, 64 and 128 routed rows that holds the average rows per expert (an expert with more rows
+// takes several m-tiles; a tile's rows past its expert are MACs spent for nothing).
+int dynamic_tile_m(int64_t routes, int experts);
+// The register path's GEMM with m-tiles of BM (32, 64, 128) routed rows: shared memory, opt-in and
+// launch (launch_dynamic_gemm.cuh, instantiated in launch_dynamic_bm{32,64,128}.cu).
+template <int BM>
+size_t dynamic_gemm_smem();
+template <int BM>
+void dynamic_gemm_opt_in();
+template <int BM>
+void launch_dynamic_gemm_bm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, bool fc1, int64_t tiles,
+                            int* watchdog, cudaStream_t s);
 // Weight n-tiles per m-tile of dynamic's GEMMs (both paths).
 int dynamic_n_tiles(const kernels::MoeGemmParams& p, bool fc1);
 

@@ -13,8 +13,8 @@ namespace {
 namespace gk = kernels::generic;
 
 int64_t max_tiles(int64_t routes, int experts) {
-  // Σ_e ceil(r_e / BM) ≤ ceil(R / BM) + (number of non-empty experts) − 1.
-  return (routes + gk::BM - 1) / gk::BM + std::min<int64_t>(experts, routes);
+  // Σ_e ceil(r_e / m) ≤ ceil(R / m) + (number of non-empty experts) − 1, for the smallest m asked for.
+  return (routes + kMinTileM - 1) / kMinTileM + std::min<int64_t>(experts, routes);
 }
 
 }  // namespace
@@ -50,8 +50,8 @@ size_t GenericWorkspace::bytes() const {
 void launch_route(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, int tile_m) {
   const int EL = c.local_count();
   const int64_t R = a.tokens * c.top_k;
-  FP4MOE_REQUIRE(tile_m >= gk::BM && max_tiles(R, EL) <= ws.tile_capacity, InvalidArgument, "tile_m",
-                 "the workspace's tile list holds ", ws.tile_capacity, " entries (sized for m-tiles of ", gk::BM,
+  FP4MOE_REQUIRE(tile_m >= kMinTileM && max_tiles(R, EL) <= ws.tile_capacity, InvalidArgument, "tile_m",
+                 "the workspace's tile list holds ", ws.tile_capacity, " entries (sized for m-tiles of ", kMinTileM,
                  " rows), asked for m-tiles of ", tile_m);
   kernels::RoutingParams rp{a.ids, a.ids_type == IndexType::kInt64, R, c.local_expert_first, EL, tile_m,
                             ws.expert_offset.get<int>(), ws.expert_tile_offset.get<int>(), ws.route_row.get<int>(), ws.row_route.get<int>(),

@@ -53,7 +53,11 @@
 
 namespace fp4moe::kernels::dynamic {
 
-inline constexpr int BM = 128;              // routed rows per m-tile: the wgmma N
+// Routed rows per m-tile (the wgmma N): BM = 32, 64 or 128, a template parameter of the kernel, chosen
+// per call from the routed rows per expert (launch_dynamic.cu dynamic_tile_m). Why: the tensor cores
+// multiply the whole tile, so with 8 rows per expert (qwen3-30b-a3b at T = 128) a 128-row tile spends
+// 16 times the MACs the rows need (~0.2 ms of MMAs there); at 32 rows the dequantisation is left.
+inline constexpr int kMaxBM = 128;
 inline constexpr int BN = 128;              // weight rows per n-tile: 2 consumer warpgroups × 64 (wgmma M)
 inline constexpr int BK = wgmma::kTileK;    // 64 k per pipeline stage: 4 wgmma k16 steps
 inline constexpr int kStages = 4;
@@ -73,6 +77,7 @@ enum : int { kWaitEmpty = 1, kWaitFull = 2, kWaitStaged = 3, kWaitStagingFree = 
 inline constexpr int kRowTiles = BN / 16;   // weight row tiles (16 rows × 64 k) per n-tile
 inline constexpr int kMaxScaleBytes = 16 * 4;  // scale bytes per row tile and k-tile: 16 rows × 64 / 16
 
+template <int BM>
 struct Smem {
   __nv_bfloat16 a[kStages][BM * BK];  // activation tiles (BM, BK) per stage, K-major, no swizzle
   uint4 w[kStages][kRowTiles][32];    // weight codes per stage: row tile j = 4c + warp, lane's 16 B
@@ -84,21 +89,24 @@ struct Smem {
   uint64_t empty[kStages];            // consumers → producer: stage read by the tensor cores
   int aborted;                        // watchdog (mbarrier.cuh)
 };
-static_assert(sizeof(Smem) <= 227 * 1024, "past the sm_90 opt-in shared memory per CTA");
+static_assert(sizeof(Smem<kMaxBM>) <= 227 * 1024, "past the sm_90 opt-in shared memory per CTA");
 
 // cp.async of the stage's activation tile: rows row0 + m (m < valid; the rest zero-filled),
-// k = kt·64 ..., BM · 8 / 128 copies of 16 bytes per producer thread t.
+// k = kt·64 ..., BM · 8 / 128 copies of 16 bytes per producer thread t. BM = 32: the copies of a
+// 64-row sweep whose row is 32 or more (warps 2 and 3) are skipped; warps 0 and 1 move the tile.
+template <int BM>
 __device__ __forceinline__ void copy_a(const MoeGemmParams& p, __nv_bfloat16* tile, int row0, int valid, int kt, int t) {
-  static_assert(BM % 64 == 0, "a_copy_chunk sweeps 64 rows at a time");
-  constexpr int kSweeps = BM / 64;
+  constexpr int kSweeps = BM >= 64 ? BM / 64 : 1;
+  constexpr int kCopies = BM >= 64 ? BM * (BK / 8) / kWarpgroup : 64 * (BK / 8) / kWarpgroup;
   unsigned char* base = reinterpret_cast<unsigned char*>(tile);
 #pragma unroll
-  for (int i = 0; i < BM * (BK / 8) / kWarpgroup; ++i) {
+  for (int i = 0; i < kCopies; ++i) {
     // Copy i is copy i / kSweeps of the first 64-row sweep, 64·(i % kSweeps) rows down
     // (wgmma_layout.h a_copy_chunk), and row m + 64s lies kmajor_offset(64s, 0) past row m, so the
     // thread's destinations are few offsets plus constants (fewer live registers in the producer's 40).
     const wgmma::ChunkCoord cc = wgmma::a_copy_chunk(64, t, i / kSweeps);
     const int m = cc.m + 64 * (i % kSweeps);
+    if (BM < 64 && m >= BM) continue;  // BM = 32: rows 32..63 of the sweep do not exist
     const bool ok = m < valid;
     const __nv_bfloat16* src = p.a + static_cast<int64_t>(row0 + (ok ? m : 0)) * p.k_pad + kt * BK + cc.kc * 8;
     const uint32_t dst = wgmma::kmajor_offset(BM, cc.m, 8 * cc.kc) + wgmma::kmajor_offset(BM, 64 * (i % kSweeps), 0);
@@ -110,7 +118,7 @@ struct TileInfo {
   int y, e, row0, valid;
 };
 // n-tile y of m-tile `tile` of the routing's list, built with tile_m = kRows.
-template <int kRows = BM>
+template <int kRows>
 __device__ __forceinline__ TileInfo tile_at(const MoeGemmParams& p, int tile, int y) {
   TileInfo ti;
   ti.y = y;
@@ -119,25 +127,20 @@ __device__ __forceinline__ TileInfo tile_at(const MoeGemmParams& p, int tile, in
   ti.valid = min(kRows, p.expert_offset[ti.e + 1] - ti.row0);
   return ti;
 }
+template <int BM>
 __device__ __forceinline__ TileInfo tile_info(const MoeGemmParams& p, int w, int n_tiles) {
-  return tile_at(p, w / n_tiles, w % n_tiles);
+  return tile_at<BM>(p, w / n_tiles, w % n_tiles);
 }
 
-// The end of a tile, shared by both GEMM kernels: consumer warpgroup c's accumulators (weight rows
-// [64c, 64c + 64) × BM routed rows) → alpha·acc + bias staged transposed in `stage` (routed row ×
-// tile column, kLdc floats per row) → the FC1 or FC2 epilogue over both consumers (named barrier
-// 1 over their 256 threads; t: this thread in its warpgroup, ct: among both).
-// A wider accumulator (kAcc = 64·h floats of an m64n(128·h) wgmma: the bf16 path's) goes through in
-// parts of BM routed rows: part `part` is floats [64·part, 64·part + 64), and ti its rows (row0 and
-// valid of the part). `part` must be a compile-time constant after unrolling (register indices).
-// rws (FC2): the part's router weights in shared memory, written before this call (fc2_store_rows).
-template <bool kFc1, int kAcc>
-__device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileInfo& ti, const float (&acc)[kAcc],
-                                            float* stage, int c, int t, int ct, int part = 0,
-                                            const float* rws = nullptr) {
-  static_assert(kAcc % 64 == 0, "parts of 64 floats: BM routed rows");
-  // acc element 64·part + i is D[weight row 64c + acc_row(t, i)][routed row acc_col(t, i) of the part]
-  // (wgmma_layout.h; acc_col(t, 64 + i) = 128 + acc_col(t, i)).
+// The end of a tile: consumer warpgroup c's accumulators (weight rows [64c, 64c + 64) × BM routed
+// rows, BM / 2 floats per thread) → alpha·acc + bias staged transposed in `stage` (routed row × tile
+// column, kLdc floats per row) → the FC1 or FC2 epilogue over both consumers (named barrier 1 over
+// their 256 threads; t: this thread in its warpgroup, ct: among both).
+// rws (FC2): the tile's router weights in shared memory, written before this call (fc2_store_rows).
+template <bool kFc1, int BM>
+__device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileInfo& ti, const float (&acc)[BM / 2],
+                                            float* stage, int c, int t, int ct, const float* rws) {
+  // acc element i is D[weight row 64c + acc_row(t, i)][routed row acc_col(t, i)] (wgmma_layout.h).
   const float alpha = p.alpha[ti.e];
   float bias[2] = {0.0f, 0.0f};  // this thread's two weight rows: acc_row(t, i) for (i / 2) % 2 = 0, 1
   if (p.bias) {
@@ -149,9 +152,9 @@ __device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileIn
     }
   }
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < BM / 2; ++i) {
     const int v = 64 * c + wgmma::acc_row(t, i), n = wgmma::acc_col(t, i);
-    stage[n * kLdc + v] = alpha * acc[64 * part + i] + bias[(i >> 1) & 1];
+    stage[n * kLdc + v] = alpha * acc[i] + bias[(i >> 1) & 1];
   }
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
   const int rows = min(BM, ti.valid);
@@ -234,7 +237,8 @@ __device__ __forceinline__ WeightCopies weight_copies(const MoeGemmParams& p, co
   wc.scale_bytes = rs.ok && t < kRowTiles * sb ? 16 : 0;
   return wc;
 }
-__device__ __forceinline__ void copy_w(const MoeGemmParams& p, Smem& sm, const WeightCopies& wc, int s, int kt, int t,
+template <int BM>
+__device__ __forceinline__ void copy_w(const MoeGemmParams& p, Smem<BM>& sm, const WeightCopies& wc, int s, int kt, int t,
                                        int sb) {
   const int warp = t >> 5, lane = t & 31;
 #pragma unroll
@@ -248,19 +252,19 @@ __device__ __forceinline__ void copy_w(const MoeGemmParams& p, Smem& sm, const W
 
 // Producer warpgroup. Stage `it` is signalled "full" one step late, after the copies of stage it + 1
 // are issued, so a stage's copies are in flight while the next one is issued.
-template <bool kFc1>
-__device__ __forceinline__ void produce(const MoeGemmParams& p, Smem& sm, int n_tiles, int work,
+template <bool kFc1, int BM>
+__device__ __forceinline__ void produce(const MoeGemmParams& p, Smem<BM>& sm, int n_tiles, int work,
                                         const ptx::Watchdog& wd) {
   const int t = threadIdx.x;  // 0..127
   const int ktiles = p.k_pad / BK, sb = 64 / p.block;
   uint32_t it = 0;
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
-    const TileInfo ti = tile_info(p, w, n_tiles);
+    const TileInfo ti = tile_info<BM>(p, w, n_tiles);
     const WeightCopies wc = weight_copies<kFc1>(p, ti, t, sb);
     for (int kt = 0; kt < ktiles; ++kt, ++it) {
       const int s = it % kStages;
       ptx::mbar_wait(&sm.empty[s], ((it / kStages) & 1) ^ 1, wd, kWaitEmpty, it);
-      copy_a(p, sm.a[s], ti.row0, ti.valid, kt, t);
+      copy_a<BM>(p, sm.a[s], ti.row0, ti.valid, kt, t);
       copy_w(p, sm, wc, s, kt, t, sb);
       ptx::cp_async_commit();  // one group per stage
       hand_over(sm.full, it);
@@ -272,8 +276,8 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem& sm, int n_
 // Consumer warpgroup c (0 or 1): weight rows [64c, 64c + 64) of each n-tile against all BM routed
 // rows of the m-tile. Every warp takes part in every wgmma (sync.aligned); a warp whose 16 weight rows
 // are past w_rows (last n-tile of a non-gated FC1 or of FC2) feeds zeros and reads no weights.
-template <bool kFc1>
-__device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_tiles, int work,
+template <bool kFc1, int BM>
+__device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM>& sm, int n_tiles, int work,
                                         const ptx::Watchdog& wd) {
   const int c = threadIdx.x / kWarpgroup - 1;
   const int t = threadIdx.x % kWarpgroup, warp = t >> 5, lane = t & 31;
@@ -281,12 +285,12 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
   const int ktiles = p.k_pad / BK, sb = 64 / p.block, j = 4 * c + warp;  // j: this warp's row tile
   const uint32_t a_base = ptx::smem_addr(sm.a[0]);
   const FragLut lut = frag_lut(sm.tables);
-  float acc[64];
+  float acc[BM / 2];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
+  for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
   uint32_t it = 0;
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
-    const TileInfo ti = tile_info(p, w, n_tiles);
+    const TileInfo ti = tile_info<BM>(p, w, n_tiles);
     const float rw = kFc1 ? 0.0f : router_weight(p, ti, ct);
     const bool ok = weight_row_valid<BN>(p, kFc1, ti.y, 16 * j);  // w_rows % 16 == 0: all 16 rows or none
     // Two sets of A fragments: while stage kt - 1's MMAs run, the warpgroup dequantises stage kt into
@@ -312,7 +316,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
       const uint32_t a_tile = a_base + s * wgmma::tile_bytes(BM);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        ptx::mma_m64n128k16_rs<false>(acc, a[ks], wgmma::operand_desc(a_tile, BM, 0, ks), (kt | ks) != 0);
+        ptx::mma_m64nNk16_rs<BM>(acc, a[ks], wgmma::operand_desc(a_tile, BM, 0, ks), (kt | ks) != 0);
       ptx::wgmma_commit();
       ptx::fence_operand(acc);
       ptx::wgmma_wait<1>();  // stage kt - 1's group is done: its A set and tile are free
@@ -329,17 +333,17 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem& sm, int n_
     ptx::mbar_arrive(&sm.empty[(it - 1) % kStages]);
 
     if (!kFc1 && ct < BM) sm.rw[ct] = rw;  // read after finish_tile's first barrier
-    finish_tile<kFc1>(p, ti, acc, sm.c, c, t, ct, 0, sm.rw);
+    finish_tile<kFc1, BM>(p, ti, acc, sm.c, c, t, ct, sm.rw);
   }
 }
 
 // n_tiles: weight n-tiles per m-tile (FC1 gated: i_pad / 64; otherwise ceil(w_rows / 128)).
 // watchdog: optional global int[ptx::kWatchdogReportInts], zeroed, that a pipeline wait past
 // ptx::kWatchdogNs fills (tests); null in production, where waits have no time limit.
-template <bool kFc1>
+template <bool kFc1, int BM>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(MoeGemmParams p, int n_tiles, int* watchdog) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  Smem<BM>& sm = *reinterpret_cast<Smem<BM>*>(smem_raw);
   if (threadIdx.x == 0) init_pipeline(sm.full, sm.empty, kWarpgroup, &sm.aborted);
   fill_frag_tables(sm.tables, p.nvfp4, threadIdx.x >> 5, kThreads / 32);
   __syncthreads();
@@ -350,10 +354,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(MoeGemmParams p, int 
   // 128·40 + 256·232 = 64512 ≤ 65536.
   if (threadIdx.x < kWarpgroup) {
     ptx::setmaxnreg_dec<40>();
-    produce<kFc1>(p, sm, n_tiles, work, wd);
+    produce<kFc1, BM>(p, sm, n_tiles, work, wd);
   } else {
     ptx::setmaxnreg_inc<232>();
-    consume<kFc1>(p, sm, n_tiles, work, wd);
+    consume<kFc1, BM>(p, sm, n_tiles, work, wd);
   }
 }
 

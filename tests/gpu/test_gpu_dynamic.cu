@@ -188,7 +188,7 @@ __global__ void wgmma_rs_probe_kernel(const uint16_t* a, const uint16_t* b, floa
   kernels::ptx::wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks)
-    kernels::ptx::mma_m64n128k16_rs<false>(acc, frag[ks], wg::operand_desc(b_addr, 128, 0, ks), 1);
+    kernels::ptx::mma_m64nNk16_rs<128>(acc, frag[ks], wg::operand_desc(b_addr, 128, 0, ks), 1);
   kernels::ptx::wgmma_commit();
   kernels::ptx::wgmma_wait<0>();
   kernels::ptx::fence_operand(acc);
@@ -229,10 +229,11 @@ std::string describe(const GemmCase& g) {
 
 // bf16_group > 0: the bf16 path (dynamic_bf16.cuh), experts dequantised and multiplied bf16_group
 // at a time through one copy buffer, the way launch_dynamic_bf16_groups runs them; its m-tiles are
-// dynamic_bf16::BM (256) routed rows, the register path's dynamic::BM (128).
-void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0) {
+// dynamic_bf16::BM (256) routed rows; otherwise the register path's, with m-tiles of tile_m (32, 64
+// or 128) routed rows.
+void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int tile_m = 128) {
   const int E = static_cast<int>(g.rows_per_expert.size()), N = g.n, K = g.k, bs = g.nvfp4 ? 16 : 32;
-  const int BM = bf16_group > 0 ? kernels::dynamic_bf16::BM : kernels::dynamic::BM;
+  const int BM = bf16_group > 0 ? kernels::dynamic_bf16::BM : tile_m;
   std::mt19937_64 rng(seed);
   // Routing schedule as the pre-pass builds it with tile_m = BM.
   std::vector<int> offset(E + 1, 0), tile_offset(E + 1, 0), tile_expert, tile_row0, row_expert;
@@ -299,7 +300,7 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0) {
   const int64_t slot_elems = kernels::dynamic_bf16::tiles_per_slot((N + 127) / 128, K) * kernels::dynamic_bf16::kWTileElems;
   DeviceArray<uint16_t> d_bf16(bf16_group > 0 ? bf16_group * slot_elems : 0);
   if (bf16_group == 0) {
-    gpu::launch_dynamic_gemm(ws, p, /*fc1=*/false, tiles, d_watchdog.get(), nullptr);
+    gpu::launch_dynamic_gemm(ws, p, /*fc1=*/false, tiles, tile_m, d_watchdog.get(), nullptr);
   } else {
     const uint16_t nan_bf16 = 0x7FC1;  // a stale copy would show as NaN in Y
     d_bf16.fill_bytes(&nan_bf16, 2);
@@ -378,10 +379,26 @@ TEST(GpuDynamicGemm, MatchesCpuGemmOfDequantisedWeights) {
       {true, {200, 17}, 128, 2880},                // K = 2880: 45 stages
   };
   uint64_t seed = 100;
-  for (const GemmCase& g : cases) {
-    SCOPED_TRACE(describe(g));
-    run_gemm_case(g, seed++);
-  }
+  for (const GemmCase& g : cases)
+    for (int tile_m : {32, 64, 128}) {  // every m-tile the dispatcher picks (dynamic_tile_m)
+      SCOPED_TRACE(describe(g) + " m-tiles of " + std::to_string(tile_m));
+      run_gemm_case(g, seed++, 0, tile_m);
+    }
+}
+
+// The register path's m-tile per call (no GPU needed): the smallest of 32, 64, 128 routed rows that
+// holds the average rows per local expert; a small call after a large one picks its own small tile.
+TEST(DynamicTileM, SmallestTileHoldingTheAverageRowsPerExpert) {
+  EXPECT_EQ(gpu::dynamic_tile_m(128 * 8, 128), 32);      // qwen3-30b-a3b T = 128: 8 rows per expert
+  EXPECT_EQ(gpu::dynamic_tile_m(32 * 128, 128), 32);     // exactly 32 per expert
+  EXPECT_EQ(gpu::dynamic_tile_m(32 * 128 + 1, 128), 64);
+  EXPECT_EQ(gpu::dynamic_tile_m(512 * 8, 128), 32);      // qwen3 T = 512: 32 per expert
+  EXPECT_EQ(gpu::dynamic_tile_m(1024 * 8, 128), 64);     // qwen3 T = 1024: 64 per expert
+  EXPECT_EQ(gpu::dynamic_tile_m(2048 * 8, 128), 128);    // qwen3 T = 2048: 128 per expert
+  EXPECT_EQ(gpu::dynamic_tile_m(4096 * 2, 8), 128);      // mixtral-8x7b T = 4096: 1024 per expert
+  EXPECT_EQ(gpu::dynamic_tile_m(1, 256), 32);            // T = 1, K = 1
+  EXPECT_EQ(gpu::dynamic_tile_m(100000, 1), 128);        // one local expert
+  EXPECT_EQ(gpu::dynamic_tile_m(16, 8), 32);             // after a large call, a small one: 32 again
 }
 
 // The bf16 path: the same cases, dequantised once into a copy (all experts at once, and two at a

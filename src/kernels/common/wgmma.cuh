@@ -94,24 +94,41 @@ __device__ __forceinline__ void mma_m64n256k16_bf16(float (&d)[128], uint64_t de
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-// D(64 × 128, fp32) = A(64 × 16, registers) · B(16 × 128: 128 rows × 16 k, shared, K-major)ᵀ +
-// (accumulate ? D : 0); A and B bf16, or f16 (kF16). A is this thread's fragment in the m16n8k16
-// layout of its warp's 16 rows (common/frag_dequant.cuh); the registers are read asynchronously, so
-// they must not change until a wgmma_wait covers this instruction's group.
-template <bool kF16>
-__device__ __forceinline__ void mma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
-                                                  int accumulate) {
-#define FP4MOE_WGMMA_RS(TYPES)                                                                              \
-  asm volatile(                                                                                             \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                           \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPES " {" FP4MOE_WGMMA_D_REGS_0_63                    \
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"                                                      \
-      : FP4MOE_WGMMA_D64(0)                                                                                 \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
-  if constexpr (kF16) FP4MOE_WGMMA_RS("f16.f16");
-  else FP4MOE_WGMMA_RS("bf16.bf16");
-#undef FP4MOE_WGMMA_RS
+// D(64 × N, fp32) = A(64 × 16, registers) · B(16 × N: N rows × 16 k, shared, K-major)ᵀ +
+// (accumulate ? D : 0) for N = 32, 64 or 128; A and B bf16. A is this thread's
+// fragment in the m16n8k16 layout of its warp's 16 rows (common/frag_dequant.cuh); the registers are
+// read asynchronously, so they must not change until a wgmma_wait covers this instruction's group.
+// d: N / 2 floats (acc_row / acc_col).
+#define FP4MOE_WGMMA_D_REGS_0_15 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define FP4MOE_WGMMA_D_REGS_0_31 \
+    FP4MOE_WGMMA_D_REGS_0_15 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FP4MOE_WGMMA_D16(i) FP4MOE_WGMMA_D8(i), FP4MOE_WGMMA_D8((i) + 8)
+#define FP4MOE_WGMMA_D32(i) FP4MOE_WGMMA_D16(i), FP4MOE_WGMMA_D16((i) + 16)
+// SHAPE: the instruction's; DREGS / DOPS: its accumulator registers and operands; A, DESC, ACC:
+// the operand numbers that follow them.
+#define FP4MOE_WGMMA_RS(SHAPE, DREGS, DOPS, A, DESC, ACC)                                             \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n"                                              \
+               "wgmma.mma_async.sync.aligned." SHAPE ".f32.bf16.bf16 {" DREGS "}, {" A "}, " DESC              \
+               ", p, 1, 1, 0;\n}\n"                                                                            \
+               : DOPS                                                                                       \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+template <int N>
+__device__ __forceinline__ void mma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                                                int accumulate) {
+  static_assert(N == 32 || N == 64 || N == 128, "the register path's tile widths");
+  if constexpr (N == 128)
+    FP4MOE_WGMMA_RS("m64n128k16", FP4MOE_WGMMA_D_REGS_0_63, FP4MOE_WGMMA_D64(0), "%64, %65, %66, %67", "%68", "%69");
+  else if constexpr (N == 64)
+    FP4MOE_WGMMA_RS("m64n64k16", FP4MOE_WGMMA_D_REGS_0_31, FP4MOE_WGMMA_D32(0), "%32, %33, %34, %35", "%36", "%37");
+  else
+    FP4MOE_WGMMA_RS("m64n32k16", FP4MOE_WGMMA_D_REGS_0_15, FP4MOE_WGMMA_D16(0), "%16, %17, %18, %19", "%20", "%21");
 }
+#undef FP4MOE_WGMMA_RS
+#undef FP4MOE_WGMMA_D32
+#undef FP4MOE_WGMMA_D16
+#undef FP4MOE_WGMMA_D_REGS_0_31
+#undef FP4MOE_WGMMA_D_REGS_0_15
 
 #undef FP4MOE_WGMMA_D64
 #undef FP4MOE_WGMMA_D8
