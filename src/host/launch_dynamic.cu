@@ -64,9 +64,16 @@ bool dynamic_supports(const DynamicWorkspace& ws, std::string* why) {
   return false;
 }
 
+// A tile twice the average: the register path dequantises an expert's weights once per m-tile, so an
+// expert whose rows spill into a second m-tile costs more than the MACs a smaller tile saves. Measured
+// on the H200 (bench/results/NOTES.md, session 9, `h200-prefill-20261203-s9-a4.md` against the BM = 128
+// rows of `…-s9-table.md`): at 8 and 16 rows per expert 32-row tiles were 14–17 % faster (qwen3-30b-a3b
+// T = 128 448 → 381 µs, deepseek-v3 T = 512 6.63 → 5.58 ms); with the tile equal to the average they
+// were 12–30 % slower (qwen3 T = 512 at 32 rows: 481 → 549 µs; deepseek-v3 T = 2048 at 64: 7.52 →
+// 9.82 ms). 64-row tiles at 17–32 rows per expert are the same rule, not yet measured.
 int dynamic_tile_m(int64_t routes, int experts) {
   const int64_t per_expert = experts > 0 ? (routes + experts - 1) / experts : routes;
-  return per_expert <= 32 ? 32 : per_expert <= 64 ? 64 : 128;
+  return 2 * per_expert <= 32 ? 32 : 2 * per_expert <= 64 ? 64 : 128;
 }
 
 void launch_dynamic_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, bool fc1, int64_t max_tiles,

@@ -387,14 +387,15 @@ TEST(GpuDynamicGemm, MatchesCpuGemmOfDequantisedWeights) {
 }
 
 // The register path's m-tile per call (no GPU needed): the smallest of 32, 64, 128 routed rows that
-// holds the average rows per local expert; a small call after a large one picks its own small tile.
-TEST(DynamicTileM, SmallestTileHoldingTheAverageRowsPerExpert) {
+// holds twice the average rows per local expert; a small call after a large one picks its own small
+// tile again.
+TEST(DynamicTileM, SmallestTileHoldingTwiceTheAverageRowsPerExpert) {
   EXPECT_EQ(gpu::dynamic_tile_m(128 * 8, 128), 32);      // qwen3-30b-a3b T = 128: 8 rows per expert
-  EXPECT_EQ(gpu::dynamic_tile_m(32 * 128, 128), 32);     // exactly 32 per expert
-  EXPECT_EQ(gpu::dynamic_tile_m(32 * 128 + 1, 128), 64);
-  EXPECT_EQ(gpu::dynamic_tile_m(512 * 8, 128), 32);      // qwen3 T = 512: 32 per expert
-  EXPECT_EQ(gpu::dynamic_tile_m(1024 * 8, 128), 64);     // qwen3 T = 1024: 64 per expert
-  EXPECT_EQ(gpu::dynamic_tile_m(2048 * 8, 128), 128);    // qwen3 T = 2048: 128 per expert
+  EXPECT_EQ(gpu::dynamic_tile_m(16 * 128, 128), 32);     // exactly 16 per expert
+  EXPECT_EQ(gpu::dynamic_tile_m(16 * 128 + 1, 128), 64);
+  EXPECT_EQ(gpu::dynamic_tile_m(512 * 8, 128), 64);      // qwen3 T = 512: 32 per expert
+  EXPECT_EQ(gpu::dynamic_tile_m(512 * 8 + 1, 128), 128);
+  EXPECT_EQ(gpu::dynamic_tile_m(1024 * 8, 128), 128);    // qwen3 T = 1024: 64 per expert
   EXPECT_EQ(gpu::dynamic_tile_m(4096 * 2, 8), 128);      // mixtral-8x7b T = 4096: 1024 per expert
   EXPECT_EQ(gpu::dynamic_tile_m(1, 256), 32);            // T = 1, K = 1
   EXPECT_EQ(gpu::dynamic_tile_m(100000, 1), 128);        // one local expert
