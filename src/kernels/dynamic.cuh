@@ -17,7 +17,7 @@
 //                      m64n128k16 with A from registers and B = the activation tile.
 //   Then the two consumers stage alpha·acc + bias transposed (routed row × weight column) and run
 //   the FC1 or FC2 epilogue of the tile together (named barrier over 256 threads).
-//   Stages: a ring of kStages (activation tile, weight slice) pairs with mbarriers "full" (128
+//   Stages: a ring of kStagesOf<BM> (activation tile, weight slice) pairs with mbarriers "full" (128
 //   producer arrivals) and "empty" (256 consumer arrivals); no __syncthreads after the prologue.
 //
 // Why weights in registers: the previous design dequantised the weights into shared memory, so each
@@ -30,7 +30,7 @@
 // Why the weights ride the stages: when each lane loaded its own weights from global memory two
 // k-tiles ahead, the consumers stalled on those loads (long scoreboard, 29 % of samples; NOTES.md
 // session 5): two k-tiles is less than a loaded DRAM round trip. In the stages they are requested
-// kStages k-tiles ahead by the producer, which has nothing else to wait for.
+// up to kStagesOf<BM> - 2 k-tiles ahead by the producer, which has nothing else to wait for.
 //
 // Products are exact (bf16 holds E2M1 × E4M3/UE8M0 and every activation value the quantisers
 // produce, including e4m3 × UE8M0 of a8), accumulation is fp32: results equal generic's up to
@@ -60,7 +60,16 @@ namespace fp4moe::kernels::dynamic {
 inline constexpr int kMaxBM = 128;
 inline constexpr int BN = 128;              // weight rows per n-tile: 2 consumer warpgroups × 64 (wgmma M)
 inline constexpr int BK = wgmma::kTileK;    // 64 k per pipeline stage: 4 wgmma k16 steps
-inline constexpr int kStages = 4;
+// Pipeline stages per m-tile width: about as many as shared memory holds beside the staging and the
+// tables (each stage: the BM × 64 activation tile and 4.5 KB of packed weights), and the producer
+// keeps all but three of them in flight (hand_over's lag, produce). Why: the weights stream from HBM
+// through the stages alone. With 4 stages and the hand-over one step late, each producer thread had
+// at most 2 stages of copies outstanding, ~9 KB of weights per SM, which at a loaded DRAM latency of ~1.5 µs
+// moves under 1 TB/s over 132 SMs; HBM needs ~50 KB per SM in flight. At few rows per expert the
+// register path streams every touched expert's weights once, so this, not the tensor cores, likely
+// set its pace (qwen3-30b-a3b T = 128: 302 MB of weights, 381 µs for the call; derived, not measured).
+template <int BM>
+inline constexpr int kStagesOf = BM == 32 ? 16 : (BM == 64 ? 10 : 5);
 inline constexpr int kConsumers = 2;
 inline constexpr int kWarpgroup = 128;
 inline constexpr int kThreads = kWarpgroup * (1 + kConsumers);
@@ -68,7 +77,6 @@ inline constexpr int kThreads = kWarpgroup * (1 + kConsumers);
 // routed rows per instruction) and the epilogue's float4 reads down 8 rows conflict-free.
 inline constexpr int kLdc = BN + 4;
 static_assert(BN == 64 * kConsumers, "one m64 wgmma row block of weights per consumer warpgroup");
-static_assert(kStages >= 3, "the producer signals stage s one step late (after starting s + 1)");
 
 // Watchdog report: which barrier a thread gave up on (the last two: the bf16 path's FC1 staging,
 // dynamic_bf16.cuh).
@@ -79,6 +87,8 @@ inline constexpr int kMaxScaleBytes = 16 * 4;  // scale bytes per row tile and k
 
 template <int BM>
 struct Smem {
+  static constexpr int kStages = kStagesOf<BM>;
+  static_assert(kStages >= 3, "the producer signals a stage after starting later ones (hand_over)");
   __nv_bfloat16 a[kStages][BM * BK];  // activation tiles (BM, BK) per stage, K-major, no swizzle
   uint4 w[kStages][kRowTiles][32];    // weight codes per stage: row tile j = 4c + warp, lane's 16 B
   alignas(16) uint8_t ws[kStages][kRowTiles][kMaxScaleBytes];  // their scales: [16 rows][64 / block]
@@ -89,7 +99,8 @@ struct Smem {
   uint64_t empty[kStages];            // consumers → producer: stage read by the tensor cores
   int aborted;                        // watchdog (mbarrier.cuh)
 };
-static_assert(sizeof(Smem<kMaxBM>) <= 227 * 1024, "past the sm_90 opt-in shared memory per CTA");
+static_assert(sizeof(Smem<32>) <= 227 * 1024 && sizeof(Smem<64>) <= 227 * 1024 && sizeof(Smem<128>) <= 227 * 1024,
+              "past the sm_90 opt-in shared memory per CTA");
 
 // cp.async of the stage's activation tile: rows row0 + m (m < valid; the rest zero-filled),
 // k = kt·64 ..., BM · 8 / 128 copies of 16 bytes per producer thread t. BM = 32: the copies of a
@@ -174,7 +185,7 @@ __device__ __forceinline__ float router_weight(const MoeGemmParams& p, const Til
 // after full_arrivals arrivals, "empty" after both consumers'), the watchdog flag, and a fence that
 // makes the initialisations visible to the async proxy (bulk copies completing on "full").
 // kRing: the ring's stages (the bf16 path has its own count).
-template <int kRing = kStages>
+template <int kRing>
 __device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, unsigned full_arrivals, int* aborted) {
   static_assert(kRing >= 3, "the producer signals stage s one step late (after starting s + 1)");
   for (int s = 0; s < kRing; ++s) {
@@ -185,19 +196,25 @@ __device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, u
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
-// The producer's hand-over, one step late: once stage it's copies are issued, this thread's copies
-// of stage it - 1 have landed → fenced for the async proxy → "full". The last stage after the loop.
+// The producer's hand-over, kLag steps late: once stage it's copies are issued, this thread's
+// copies of stage it - kLag have landed (at most kLag later groups pending) → fenced for the async
+// proxy → "full". So each producer thread keeps kLag stages of copies in flight. kLag ≤ kRing - 2:
+// the producer issues stage j + kLag (which signals j) only after the consumers have released
+// stage j + kLag - kRing, which they do while working on stage j + kLag - kRing + 1 ≤ j - 1.
+// The last kLag stages after the loop (hand_over_last; `it`: the stages issued).
+template <int kRing, int kLag>
 __device__ __forceinline__ void hand_over(uint64_t* full, uint32_t it) {
-  if (it == 0) return;
-  ptx::cp_async_wait<1>();        // this thread's copies of stage it - 1 have landed
+  static_assert(kLag >= 1 && kLag <= kRing - 2, "the consumers must be able to release what the producer waits for");
+  if (it < kLag) return;
+  ptx::cp_async_wait<kLag>();     // this thread's copies of stage it - kLag have landed
   ptx::fence_proxy_async_smem();  // its generic-proxy writes → visible to wgmma (async proxy)
-  ptx::mbar_arrive(&full[(it - 1) % kStages]);
+  ptx::mbar_arrive(&full[(it - kLag) % kRing]);
 }
+template <int kRing, int kLag>
 __device__ __forceinline__ void hand_over_last(uint64_t* full, uint32_t it) {
-  if (it == 0) return;
   ptx::cp_async_wait<0>();
   ptx::fence_proxy_async_smem();
-  ptx::mbar_arrive(&full[(it - 1) % kStages]);
+  for (uint32_t j = it > kLag ? it - kLag : 0; j < it; ++j) ptx::mbar_arrive(&full[j % kRing]);
 }
 
 // Row tile j (weight rows 16j.. of the n-tile) of the work item: whether it is inside w_rows
@@ -257,20 +274,24 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem<BM>& sm, in
                                         const ptx::Watchdog& wd) {
   const int t = threadIdx.x;  // 0..127
   const int ktiles = p.k_pad / BK, sb = 64 / p.block;
+  // The lag leaves the consumers two stages of slack: stage j is signalled once the consumers have
+  // released stage j - 3 (kLag = kRing - 3), i.e. while they work on stage j - 2, so the producer's
+  // reaction (its wait, a stage of copies) is off their path unless it takes longer than two stages.
+  constexpr int kRing = Smem<BM>::kStages, kLag = kRing - 3;
   uint32_t it = 0;
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = tile_info<BM>(p, w, n_tiles);
     const WeightCopies wc = weight_copies<kFc1>(p, ti, t, sb);
     for (int kt = 0; kt < ktiles; ++kt, ++it) {
-      const int s = it % kStages;
-      ptx::mbar_wait(&sm.empty[s], ((it / kStages) & 1) ^ 1, wd, kWaitEmpty, it);
+      const int s = it % kRing;
+      ptx::mbar_wait(&sm.empty[s], ((it / kRing) & 1) ^ 1, wd, kWaitEmpty, it);
       copy_a<BM>(p, sm.a[s], ti.row0, ti.valid, kt, t);
       copy_w(p, sm, wc, s, kt, t, sb);
       ptx::cp_async_commit();  // one group per stage
-      hand_over(sm.full, it);
+      hand_over<kRing, kLag>(sm.full, it);
     }
   }
-  hand_over_last(sm.full, it);
+  hand_over_last<kRing, kLag>(sm.full, it);
 }
 
 // Consumer warpgroup c (0 or 1): weight rows [64c, 64c + 64) of each n-tile against all BM routed
@@ -285,6 +306,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM>& sm, in
   const int ktiles = p.k_pad / BK, sb = 64 / p.block, j = 4 * c + warp;  // j: this warp's row tile
   const uint32_t a_base = ptx::smem_addr(sm.a[0]);
   const FragLut lut = frag_lut(sm.tables);
+  constexpr int kRing = Smem<BM>::kStages;
   float acc[BM / 2];
 #pragma unroll
   for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
@@ -297,8 +319,8 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM>& sm, in
     // the other set; wgmma_wait<1> then frees stage kt - 1's set and its stage (tile and weights).
     uint32_t a0[4][4], a1[4][4];
     auto stage = [&](int kt, uint32_t (&a)[4][4]) {
-      const int s = it % kStages;
-      ptx::mbar_wait(&sm.full[s], (it / kStages) & 1, wd, kWaitFull, it);
+      const int s = it % kRing;
+      ptx::mbar_wait(&sm.full[s], (it / kRing) & 1, wd, kWaitFull, it);
       if (ok) {
         const uint4 codes = sm.w[s][j][lane];  // one LDS.128
         uint32_t slo, shi;
@@ -321,7 +343,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM>& sm, in
       ptx::fence_operand(acc);
       ptx::wgmma_wait<1>();  // stage kt - 1's group is done: its A set and tile are free
       ptx::fence_operand(acc);
-      if (kt > 0) ptx::mbar_arrive(&sm.empty[(it - 1) % kStages]);
+      if (kt > 0) ptx::mbar_arrive(&sm.empty[(it - 1) % kRing]);
       ++it;
     };
     for (int kt = 0; kt < ktiles; kt += 2) {
@@ -330,7 +352,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM>& sm, in
     }
     ptx::wgmma_wait<0>();
     ptx::fence_operand(acc);
-    ptx::mbar_arrive(&sm.empty[(it - 1) % kStages]);
+    ptx::mbar_arrive(&sm.empty[(it - 1) % kRing]);
 
     if (!kFc1 && ct < BM) sm.rw[ct] = rw;  // read after finish_tile's first barrier
     finish_tile<kFc1, BM>(p, ti, acc, sm.c, c, t, ct, sm.rw);
@@ -344,7 +366,7 @@ template <bool kFc1, int BM>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(MoeGemmParams p, int n_tiles, int* watchdog) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem<BM>& sm = *reinterpret_cast<Smem<BM>*>(smem_raw);
-  if (threadIdx.x == 0) init_pipeline(sm.full, sm.empty, kWarpgroup, &sm.aborted);
+  if (threadIdx.x == 0) init_pipeline<Smem<BM>::kStages>(sm.full, sm.empty, kWarpgroup, &sm.aborted);
   fill_frag_tables(sm.tables, p.nvfp4, threadIdx.x >> 5, kThreads / 32);
   __syncthreads();
   const ptx::Watchdog wd{&sm.aborted, watchdog};
