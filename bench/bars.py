@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Set `fp4moe bench` rows against an issue's bars and write the table as Markdown.
+
+    python3 bench/bars.py prefill A.jsonl [B.jsonl ...] -o table.md [--title T] [--note LINE ...]
+    python3 bench/bars.py decode  A.jsonl [B.jsonl ...] -o table.md
+
+Every row of every run in the files is read; a point (model, format, mode, T, bias) measured in
+several files takes the row of the *last* file that has it, so a later run overrides an earlier one
+point by point. Each row says which file it came from.
+
+Bars (the issues' texts):
+  prefill (#5)  T >= 2048: efficiency >= 0.70 for a4 and a16, >= 0.55 for a8; T <= 1024: >= 0.6;
+                and faster than the cuBLAS bf16 peer of the same run.
+  decode (#4)   floor >= 40 us: efficiency >= 0.75; below: time <= floor + 10 us; and faster than
+                the peer of the same run.
+A row without a peer time says so; it is not counted as faster.
+"""
+import argparse
+import json
+import sys
+from collections import Counter
+
+MODELS = ["qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b", "llama4-scout", "mixtral-8x7b"]
+MODES = ["a4", "a16", "a8"]
+
+
+def read_rows(path):
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                sys.exit(f"{path}:{n}: not JSON ({e})")
+            if obj.get("type") == "row" and obj.get("status", "ok") == "ok" and obj.get("efficiency") is not None:
+                rows.append(obj)
+    return rows
+
+
+def bar(kind, r):
+    """(met, the bar in words) for row r."""
+    t, eff = r["tokens"], r["efficiency"]
+    if kind == "prefill":
+        need = 0.6 if t <= 1024 else (0.55 if r["mode"] == "a8" else 0.70)
+        return eff >= need, f"≥ {need:.2f}"
+    if r["floor_us"] >= 40:
+        return eff >= 0.75, "≥ 0.75"
+    return r["time_us"] <= r["floor_us"] + 10, f"≤ {r['floor_us'] + 10:.1f} µs"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("kind", choices=["prefill", "decode"])
+    ap.add_argument("jsonl", nargs="+")
+    ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("--title", default=None)
+    ap.add_argument("--note", action="append", default=[], help="a line of text under the title (repeatable)")
+    args = ap.parse_args()
+
+    chosen = {}
+    for i, path in enumerate(args.jsonl):
+        for r in read_rows(path):
+            key = (r["model"], r["format"], r["mode"], r["tokens"], bool(r.get("bias")))
+            chosen[key] = (r, i)
+    if not chosen:
+        sys.exit("no rows with an efficiency in " + ", ".join(args.jsonl))
+
+    def order(key):
+        m, fmt, mode, t, bias = key
+        return (MODELS.index(m) if m in MODELS else len(MODELS), m, fmt, MODES.index(mode) if mode in MODES else 9,
+                bias, t)
+
+    lines = [f"# {args.title or 'fp4moe bench against the ' + args.kind + ' bars'}", ""]
+    lines += [*args.note, ""] if args.note else []
+    lines.append("Sources (a point measured in several takes the last):")
+    for i, path in enumerate(args.jsonl):
+        lines.append(f"- [{i + 1}] `{path}`")
+    lines += ["", "| model | format | mode | T | backend | time µs | floor µs | efficiency | bar | met | peer µs | "
+              "vs peer | src |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    met = Counter()
+    vs_by_t = Counter()
+    for key in sorted(chosen, key=order):
+        r, src = chosen[key]
+        ok, need = bar(args.kind, r)
+        peers = r.get("peers") or {}
+        peer = min(peers.values()) if peers else None
+        vs = "—" if peer is None else ("faster" if r["time_us"] < peer else "slower")
+        met[ok] += 1
+        vs_by_t[(r["tokens"], vs)] += 1
+        mode = r["mode"] + (" +bias" if r.get("bias") else "")
+        lines.append(f"| {r['model']} | {r['format']} | {mode} | {r['tokens']} | {r['backend']} | {r['time_us']:.1f} | "
+                     f"{r['floor_us']:.1f} | {100 * r['efficiency']:.1f} % | {need} | {'yes' if ok else 'no'} | "
+                     f"{'—' if peer is None else f'{peer:.1f}'} | {vs} | {src + 1} |")
+    total = met[True] + met[False]
+    lines += ["", f"Rows: {total}. Bar met: {met[True]}. Faster than the peer, by T (faster / slower / no peer):"]
+    for t in sorted({k[0] for k in vs_by_t}):
+        lines.append(f"- T = {t}: {vs_by_t[(t, 'faster')]} / {vs_by_t[(t, 'slower')]} / {vs_by_t[(t, '—')]}")
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {args.out}: {total} rows, {met[True]} meet the bar")
+
+
+if __name__ == "__main__":
+    main()
