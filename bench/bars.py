@@ -16,8 +16,9 @@ Bars (the issues' texts):
 A row without a peer time says so; it is not counted as faster.
 """
 import argparse
-import json
 import sys
+
+import benchjsonl
 from collections import Counter
 
 MODELS = ["qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b", "llama4-scout", "mixtral-8x7b"]
@@ -25,19 +26,8 @@ MODES = ["a4", "a16", "a8"]
 
 
 def read_rows(path):
-    rows = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                sys.exit(f"{path}:{n}: not JSON ({e})")
-            if obj.get("type") == "row" and obj.get("status", "ok") == "ok" and obj.get("efficiency") is not None:
-                rows.append(obj)
-    return rows
+    """The rows of every run in the file that have an efficiency."""
+    return [r for r in benchjsonl.read(path)[1] if r.get("status", "ok") == "ok" and r.get("efficiency") is not None]
 
 
 def bar(kind, r):

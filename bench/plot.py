@@ -10,26 +10,14 @@ runs, unsupported points) are skipped; when nothing is left the script says so a
 A .jsonl may hold several runs (appended); by default the last run in the file is plotted.
 """
 import argparse
-import json
 import sys
+
+import benchjsonl
 from collections import defaultdict
 
 
 def load(path, run=None):
-    header, rows = {}, []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                sys.exit(f"{path}:{n}: not JSON ({e})")
-            if obj.get("type") == "run":
-                header.setdefault(obj["run"], obj)
-            elif obj.get("type") == "row":
-                rows.append(obj)
+    header, rows = benchjsonl.read(path)
     if not rows:
         sys.exit(f"{path}: no rows")
     if run is None:

@@ -1,0 +1,23 @@
+"""Reading `fp4moe bench` .jsonl files (bench/plot.py, bench/bars.py): a file holds runs, each a
+"run" header object, then its "row" objects, one JSON object per line."""
+import json
+import sys
+
+
+def read(path):
+    """(headers by run name (the first header of each run), rows in file order); exits on bad JSON."""
+    headers, rows = {}, []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                sys.exit(f"{path}:{n}: not JSON ({e})")
+            if obj.get("type") == "run":
+                headers.setdefault(obj["run"], obj)
+            elif obj.get("type") == "row":
+                rows.append(obj)
+    return headers, rows
