@@ -267,8 +267,8 @@ __device__ __forceinline__ void copy_w(const MoeGemmParams& p, Smem<BM>& sm, con
                      p.s_frag + static_cast<uint64_t>(wc.scale_tile + kt) * 16 * sb + (t % sb) * 16, wc.scale_bytes);
 }
 
-// Producer warpgroup. Stage `it` is signalled "full" one step late, after the copies of stage it + 1
-// are issued, so a stage's copies are in flight while the next one is issued.
+// Producer warpgroup. Stage `it` is signalled "full" kLag steps late, after the copies of stage
+// it + kLag are issued (hand_over), so kLag stages of copies are in flight per thread.
 template <bool kFc1, int BM>
 __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem<BM>& sm, int n_tiles, int work,
                                         const ptx::Watchdog& wd) {
