@@ -3,7 +3,7 @@
 # then `fp4moe check` and `fp4moe bench` as asked, and print a short summary table last.
 #   scripts/device_run.sh [--no-tests] [--filter GTEST_FILTER] [--sanitize] [--diag] [--bin DIR]
 #                         [--stop-on-fail] [--check "ARGS"]... [--bench "ARGS"]... [--ncu "REGEX::ARGS"]... [--ncu-times "ARGS"]...
-#                         [--plot] [--python]
+#                         [--plot] [--python] [--step-timeout SECONDS]
 # --check and --bench may be repeated; they run in the order given, their output appended to
 # check.log / bench.log (bench results go to the log directory unless ARGS name an --out-dir). --stop-on-fail skips
 # the remaining checks and benches after one exits non-zero. --bin DIR: use the fp4moe already built
@@ -17,7 +17,8 @@
 # --ncu-times "ARGS": every kernel's duration inside `fp4moe bench ARGS`, summed by kernel name
 # (ncu-times-N.txt): where the time of a multi-kernel backend goes.
 # --diag runs the DISABLED_ diagnostics (GpuDiagnostics.*: direct_micro's phase trace) into diag.log.
-# The GPU test binary and each check/bench run under a 300 s timeout (rc 124: a hang, e.g. a pipeline wait).
+# The GPU test binary and each check/bench/ncu step run under a timeout (rc 124: a hang, e.g. a pipeline
+# wait): 300 s, or --step-timeout SECONDS (a full table of every model and mode takes ~480 s).
 # Logs and bench results go to build-device/logs; when $OUT is set (the device tool) they are also
 # packed into $OUT/logs.tgz on exit, including an exit by SIGTERM (wrap the call in `timeout` below
 # the tool's limit so a long run still returns its logs): the tool brings back only a few files.
@@ -29,7 +30,7 @@ if [ -n "${OUT:-}" ]; then
   trap 'tar czf "$OUT/logs.tgz" -C "$OUTDIR" .' EXIT
   trap 'exit 143' TERM
 fi
-STEPS=() STOP_ON_FAIL=0 SANITIZE=0 TESTS=1 GTEST_FILTER="*" BIN="" PLOT=0 PYTHON=0 DIAG=0
+STEPS=() STOP_ON_FAIL=0 SANITIZE=0 TESTS=1 GTEST_FILTER="*" BIN="" PLOT=0 PYTHON=0 DIAG=0 STEP_TIMEOUT=300
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-tests) TESTS=0 ;;
@@ -44,10 +45,12 @@ while [ $# -gt 0 ]; do
     --bin) BIN="$2"; shift ;;
     --plot) PLOT=1 ;;
     --python) PYTHON=1 ;;
+    --step-timeout) STEP_TIMEOUT="$2"; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
+[[ "$STEP_TIMEOUT" =~ ^[1-9][0-9]*$ ]] || { echo "--step-timeout: a positive number of seconds, got '$STEP_TIMEOUT'" >&2; exit 2; }
 summary=()
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,memory.total --format=csv,noheader | tee "$OUTDIR/gpu.txt"
@@ -75,7 +78,7 @@ if [ $TESTS -eq 1 ]; then
   t1=$(date +%s)
   ./build-device/fp4moe_tests > "$OUTDIR/cpu_tests.log" 2>&1; rc=$?
   summary+=("cpu tests|rc=$rc|$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUTDIR/cpu_tests.log" | tr '\n' ' ')")
-  timeout 300 ./build-device/fp4moe_gpu_tests --gtest_filter="$GTEST_FILTER" > "$OUTDIR/gpu_tests.log" 2>&1; rc=$?
+  timeout "$STEP_TIMEOUT" ./build-device/fp4moe_gpu_tests --gtest_filter="$GTEST_FILTER" > "$OUTDIR/gpu_tests.log" 2>&1; rc=$?
   grep -E "FAILED|Failure|error" "$OUTDIR/gpu_tests.log" | head -40
   summary+=("gpu tests|rc=$rc|$(( $(date +%s) - t1 ))s|$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUTDIR/gpu_tests.log" | tr '\n' ' ')")
 fi
@@ -110,7 +113,7 @@ for ((i = 0; i < ${#STEPS[@]}; i += 2)); do
     log="$OUTDIR/ncu-$((i / 2)).txt"
     echo "==== ncu -k regex:$regex fp4moe bench $args $extra" > "$log"
     rep="$OUTDIR/ncu-$((i / 2))"
-    timeout 300 ncu --clock-control none --set full -k "regex:$regex" -s $skip -c 1 -f -o "$rep" "$FP4MOE" bench $args $extra \
+    timeout "$STEP_TIMEOUT" ncu --clock-control none --set full -k "regex:$regex" -s $skip -c 1 -f -o "$rep" "$FP4MOE" bench $args $extra \
       --run-name ncu-$((i / 2)) > "$log.part" 2>&1; rc=$?
     if [ -f "$rep.ncu-rep" ]; then  # details page, raw metrics and per-SASS-line stall samples, then a summary
       ncu -i "$rep.ncu-rep" --page details >> "$log.part" 2>&1
@@ -122,12 +125,12 @@ for ((i = 0; i < ${#STEPS[@]}; i += 2)); do
   elif [ "$cmd" = ncu-times ]; then  # ARGS → every kernel's duration inside fp4moe bench ARGS, summed by name
     log="$OUTDIR/ncu-times-$((i / 2)).txt"
     echo "==== ncu --metrics gpu__time_duration.sum fp4moe bench $args $extra" > "$log"
-    timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$FP4MOE" bench $args $extra \
+    timeout "$STEP_TIMEOUT" ncu --clock-control none --metrics gpu__time_duration.sum --csv "$FP4MOE" bench $args $extra \
       --run-name ncu-times-$((i / 2)) > "$OUTDIR/ncu-times-$((i / 2)).csv" 2> "$log.part"; rc=$?
     python3 scripts/ncu_summary.py --times "$OUTDIR/ncu-times-$((i / 2)).csv" >> "$log.part" 2>&1
   else
     echo "==== fp4moe $cmd $args $extra" >> "$log"
-    timeout 300 "$FP4MOE" $cmd $args $extra > "$log.part" 2>&1; rc=$?
+    timeout "$STEP_TIMEOUT" "$FP4MOE" $cmd $args $extra > "$log.part" 2>&1; rc=$?
   fi
   cat "$log.part" >> "$log"
   [ "$cmd" = bench ] && grep -m1 '^ceilings' "$log.part"
