@@ -213,6 +213,33 @@ FP4MOE_HD uint8_t e4m3_encode(float x) {
   return static_cast<uint8_t>(sign | (e << 3) | m);
 }
 
+// e4m3_decode(e4m3_encode(x)) without the code, for the kernels' MXFP8 requantisation (quantize.cuh):
+// the nearest E4M3 value, ties to even, ±448 for |x| ≥ 448, the sign kept (−0 too), and a NaN of x's
+// sign for a NaN. The same three cases as e4m3_encode: subnormal (|x| < 2^-6: half-to-even rint of
+// |x| · 2^9, exact scalings), normal (the fp32 mantissa rounded to 3 bits by the same integer add, the
+// low bits then cleared, which is the value itself), saturated. tests/cpu/test_formats.cpp compares
+// the two on every float whose exponent reaches the grid.
+FP4MOE_HD float e4m3_round(float x) {
+  const uint32_t sign = f32_bits(x) & 0x80000000u;
+  if (is_nan(x)) return bits_f32(sign | 0x7FC00000u);
+  const float a = abs_f(x);
+  float r;
+  if (a >= kE4M3Max) {
+    r = kE4M3Max;
+  } else if (a < pow2f(-6)) {
+#if defined(__CUDA_ARCH__)
+    r = rintf(a * 512.0f) * pow2f(-9);  // round half to even
+#else
+    r = std::nearbyint(a * 512.0f) * pow2f(-9);  // the default rounding mode: half to even
+#endif
+  } else {
+    uint32_t b = f32_bits(a);
+    b += 0x7FFFFu + ((b >> 20) & 1u);  // nearest even at 3 mantissa bits; carries into the exponent
+    r = bits_f32(b & 0xFFF00000u);
+  }
+  return bits_f32(f32_bits(r) | sign);
+}
+
 // ---------------------------------------------------------------------------------------------
 // UE8M0 (power-of-two scale)
 // ---------------------------------------------------------------------------------------------

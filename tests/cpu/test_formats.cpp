@@ -173,13 +173,15 @@ TEST(E2M1, MatchesBruteForceNearest) {
   }
 }
 
-// e2m1_round (the kernels' requantisation) equals decode(encode(x)) bit for bit on every float whose
-// exponent field is 100..140 (|x| from 2^-27 to below 2^14: every decision point and its
-// neighbours), on every 997th float of the rest, and on the special values.
-TEST(E2M1, RoundEqualsDecodeOfEncode) {
-  auto check = [](uint32_t u) {
+// A kernel-side rounding (e2m1_round, e4m3_round) equals decode(encode(x)) bit for bit on every float
+// whose exponent field is 100..140 (|x| from 2^-27 to below 2^14: every decision point of both formats
+// and its neighbours), on every 997th float of the rest, and on the special values. (All 2^32 floats
+// were compared once when each was written.)
+template <class Round, class RoundTrip>
+void expect_round_equals_round_trip(Round round, RoundTrip round_trip) {
+  auto check = [&](uint32_t u) {
     const float x = from_bits(u);
-    return bits(e2m1_decode(e2m1_encode(x))) == bits(e2m1_round(x));
+    return bits(round_trip(x)) == bits(round(x));
   };
   int64_t bad = 0;
   uint32_t first = 0;
@@ -189,9 +191,17 @@ TEST(E2M1, RoundEqualsDecodeOfEncode) {
   for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 997)
     if (!check(static_cast<uint32_t>(u)) && bad++ == 0) first = static_cast<uint32_t>(u);
   for (uint32_t u : {0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u, 0x7F800000u, 0xFF800000u, 0x7F800001u,
-                        0x7FC00000u, 0xFFC00000u, 0xFFFFFFFFu, 0x7F7FFFFFu, 0xFF7FFFFFu})
+                     0x7FC00000u, 0xFFC00000u, 0xFFFFFFFFu, 0x7F7FFFFFu, 0xFF7FFFFFu})
     if (!check(u) && bad++ == 0) first = u;
   EXPECT_EQ(bad, 0) << "first at bits 0x" << std::hex << first << " (" << from_bits(first) << ")";
+}
+
+TEST(E2M1, RoundEqualsDecodeOfEncode) {
+  expect_round_equals_round_trip(e2m1_round, [](float x) { return e2m1_decode(e2m1_encode(x)); });
+}
+
+TEST(E4M3, RoundEqualsDecodeOfEncode) {
+  expect_round_equals_round_trip(e4m3_round, [](float x) { return e4m3_decode(e4m3_encode(x)); });
 }
 
 // =================================================================================================

@@ -1,5 +1,6 @@
-// Activation quantisers on the device: the fmt:: block quantisers (the same code the CPU reference
-// runs, so codes and scales agree byte for byte), producing what the bf16 GEMMs read: the exactly
+// Activation quantisers on the device: the block scales by the fmt:: code the CPU reference runs (so
+// they agree byte for byte), the elements through fmt::e2m1_round / e4m3_round (equal to the
+// reference's encode-then-decode bit for bit), producing what the bf16 GEMMs read: the exactly
 // dequantised value code × block scale, *without* the NVFP4 global scale (that goes into alpha).
 #pragma once
 
@@ -27,15 +28,18 @@ __host__ __device__ inline int quant_block(QuantKind q) {
 
 // Quantise-dequantise one block of kBlock = quant_block(q) values, writing bf16.
 // g: NVFP4 decode global scale (ignored otherwise).
-// The dequantised element of a 4-bit block: e2m1_decode(nvfp4_code(v, b)) (resp. mxfp4_code) through
-// fmt::e2m1_round, ~10 instructions instead of the code's comparisons and its decode; equal bit for bit
-// (tests/cpu/test_formats.cpp, every float near the grid). A block without codes (NaN, zero scale)
-// gives +0, as code 0 does.
+// The dequantised element of a block: e2m1_decode(nvfp4_code(v, b)) (resp. mxfp4_code) through
+// fmt::e2m1_round, e4m3_decode(mxfp8_code(v, b)) through fmt::e4m3_round: a few instructions instead
+// of the code's comparisons and its decode; equal bit for bit (tests/cpu/test_formats.cpp, every float
+// near the grid). A block without codes (NaN, zero scale) gives +0, as code 0 does.
 __device__ __forceinline__ float nvfp4_elem(float v, const fmt::Nvfp4Block& b) {
   return b.encode ? fmt::e2m1_round(fmt::mul_rn(v, b.inv)) : 0.0f;
 }
 __device__ __forceinline__ float mxfp4_elem(float v, const fmt::MxBlock& b) {
   return b.encode ? fmt::e2m1_round(fmt::mul_rn(v, b.mul)) : 0.0f;
+}
+__device__ __forceinline__ float mxfp8_elem(float v, const fmt::MxBlock& b) {
+  return b.encode ? fmt::e4m3_round(fmt::mul_rn(v, b.mul)) : 0.0f;
 }
 
 template <int kBlock>
@@ -63,10 +67,12 @@ __device__ __forceinline__ void quant_dequant_block(QuantKind q, const float (&v
 #pragma unroll
       for (int i = 0; i < kBlock; ++i) out[i] = __float2bfloat16_rn(mxfp4_elem(v[i], b) * s);
     } else {
-      uint8_t codes[kBlock];
-      const float s = fmt::ue8m0_decode(fmt::mxfp8_quantize_block(v, codes));
+      bool nan;
+      const float amax = fmt::block_amax(v, kBlock, &nan);
+      const fmt::MxBlock b = fmt::mx_block(amax, nan, fmt::kE4M3Max);
+      const float s = fmt::ue8m0_decode(b.scale);
 #pragma unroll
-      for (int i = 0; i < kBlock; ++i) out[i] = __float2bfloat16_rn(fmt::e4m3_decode(codes[i]) * s);
+      for (int i = 0; i < kBlock; ++i) out[i] = __float2bfloat16_rn(mxfp8_elem(v[i], b) * s);
     }
   }
 }
@@ -96,7 +102,7 @@ __device__ __forceinline__ __nv_bfloat16 quant_dequant_lanes(QuantKind q, float 
       return __float2bfloat16_rn(mxfp4_elem(v, b) * fmt::ue8m0_decode(b.scale));
     }
     const fmt::MxBlock b = fmt::mx_block(amax, nan != 0, fmt::kE4M3Max);
-    return __float2bfloat16_rn(fmt::e4m3_decode(fmt::mxfp8_code(v, b)) * fmt::ue8m0_decode(b.scale));
+    return __float2bfloat16_rn(mxfp8_elem(v, b) * fmt::ue8m0_decode(b.scale));
   }
 }
 
@@ -174,7 +180,7 @@ __device__ __forceinline__ void quant_dequant_bf16_run(QuantKind q, const uint16
     } else {
       const fmt::MxBlock b = fmt::mx_block(amax, nan, fmt::kE4M3Max);
       detail::dequant_pass<kBlock>(row, col0, x, dst, fmt::ue8m0_decode(b.scale),
-                                   [&](float v) { return fmt::e4m3_decode(fmt::mxfp8_code(v, b)); });
+                                   [&](float v) { return mxfp8_elem(v, b); });
     }
   }
 }
