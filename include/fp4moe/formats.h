@@ -156,16 +156,20 @@ FP4MOE_HD uint8_t e2m1_encode(float x) {
 // picks the neighbour e2m1_encode's decision points pick; at the range ends 1.75 and 3.5 (ties) both
 // round up to the next range's first value. The scaling by the spacing is exact (a power of two).
 // tests/cpu/test_formats.cpp compares the two on every float whose exponent reaches the grid.
+// Round to the nearest integer, ties to even (the device's rint; the host's default rounding mode).
+FP4MOE_HD float rint_even(float x) {
+#if defined(__CUDA_ARCH__)
+  return rintf(x);
+#else
+  return std::nearbyint(x);
+#endif
+}
+
 FP4MOE_HD float e2m1_round(float x) {
   const float a = abs_f(x);
   const float inv_step = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
   const float step = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
-#if defined(__CUDA_ARCH__)
-  const float k = rintf(a * inv_step);  // round half to even
-#else
-  const float k = std::nearbyint(a * inv_step);  // the default rounding mode: half to even
-#endif
-  float r = k * step;
+  float r = rint_even(a * inv_step) * step;
   r = a < 6.0f ? r : 6.0f;  // saturate (Inf too); a NaN also lands here
   r = is_nan(x) ? 0.0f : r;
   return bits_f32(f32_bits(r) | (is_nan(x) ? 0u : f32_bits(x) & 0x80000000u));
@@ -227,11 +231,7 @@ FP4MOE_HD float e4m3_round(float x) {
   if (a >= kE4M3Max) {
     r = kE4M3Max;
   } else if (a < pow2f(-6)) {
-#if defined(__CUDA_ARCH__)
-    r = rintf(a * 512.0f) * pow2f(-9);  // round half to even
-#else
-    r = std::nearbyint(a * 512.0f) * pow2f(-9);  // the default rounding mode: half to even
-#endif
+    r = rint_even(a * 512.0f) * pow2f(-9);
   } else {
     uint32_t b = f32_bits(a);
     b += 0x7FFFFu + ((b >> 20) & 1u);  // nearest even at 3 mantissa bits; carries into the exponent

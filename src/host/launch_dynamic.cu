@@ -46,7 +46,8 @@ DynamicWorkspace::DynamicWorkspace(int device) {
   if (major != 9) {
     unsupported = "needs an sm_90 (Hopper) GPU for wgmma, device " + std::to_string(device) + " is sm_" +
                   std::to_string(major) + "x";
-  } else if (const size_t need = std::max(dynamic_gemm_smem<dk::kMaxBM>(), dynamic_bf16_smem_bytes());
+  } else if (const size_t need = std::max({dynamic_gemm_smem<32>(), dynamic_gemm_smem<64>(), dynamic_gemm_smem<128>(),
+                                           dynamic_bf16_smem_bytes()});
              static_cast<size_t>(optin) < need) {
     unsupported = "needs " + std::to_string(need) + " bytes of shared memory per CTA, device " +
                   std::to_string(device) + " allows " + std::to_string(optin);

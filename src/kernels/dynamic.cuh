@@ -30,7 +30,7 @@
 // Why the weights ride the stages: when each lane loaded its own weights from global memory two
 // k-tiles ahead, the consumers stalled on those loads (long scoreboard, 29 % of samples; NOTES.md
 // session 5): two k-tiles is less than a loaded DRAM round trip. In the stages they are requested
-// up to kStagesOf<BM> - 2 k-tiles ahead by the producer, which has nothing else to wait for.
+// up to kStagesOf<BM> - 3 k-tiles ahead by the producer, which has nothing else to wait for.
 //
 // Products are exact (bf16 holds E2M1 × E4M3/UE8M0 and every activation value the quantisers
 // produce, including e4m3 × UE8M0 of a8), accumulation is fp32: results equal generic's up to
@@ -57,15 +57,16 @@ namespace fp4moe::kernels::dynamic {
 // per call from the routed rows per expert (launch_dynamic.cu dynamic_tile_m). Why: the tensor cores
 // multiply the whole tile, so with 8 rows per expert (qwen3-30b-a3b at T = 128) a 128-row tile spends
 // 16 times the MACs the rows need (~0.2 ms of MMAs there); at 32 rows the dequantisation is left.
-inline constexpr int kMaxBM = 128;
+// (Smem, copy_a, tile_info, finish_tile, produce, consume and gemm_kernel take it as a parameter.)
+
 inline constexpr int BN = 128;              // weight rows per n-tile: 2 consumer warpgroups × 64 (wgmma M)
 inline constexpr int BK = wgmma::kTileK;    // 64 k per pipeline stage: 4 wgmma k16 steps
 // Pipeline stages per m-tile width: about as many as shared memory holds beside the staging and the
 // tables (each stage: the BM × 64 activation tile and 4.5 KB of packed weights), and the producer
 // keeps all but three of them in flight (hand_over's lag, produce). Why: the weights stream from HBM
 // through the stages alone. With 4 stages and the hand-over one step late, each producer thread had
-// at most 2 stages of copies outstanding, ~9 KB of weights per SM, which at a loaded DRAM latency of ~1.5 µs
-// moves under 1 TB/s over 132 SMs; HBM needs ~50 KB per SM in flight. At few rows per expert the
+// at most 2 stages of copies outstanding, ~9 KB of weights per SM, which at a loaded DRAM latency of
+// ~1.5 µs moves under 1 TB/s over 132 SMs; HBM needs ~50 KB per SM in flight. At few rows per expert the
 // register path streams every touched expert's weights once, so this, not the tensor cores, likely
 // set its pace (qwen3-30b-a3b T = 128: 302 MB of weights, 381 µs for the call; derived, not measured).
 template <int BM>

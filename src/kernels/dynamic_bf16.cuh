@@ -32,10 +32,8 @@
 // L2 (16 KB weights, 16 KB activations), which at the measured 44–45 % of the bf16 rate is ~5.6 TB/s
 // over 132 SMs, near what Hopper's L2 delivers (docs/next-steps.md "Prefill"; derived, not
 // measured). At 128 × 256 a step moves 48 KB for twice the MACs: 25 % fewer bytes per MAC. The cost:
-// 48 KB stages leave room for 3 of them beside the epilogue staging (FC2 stages half the tile's
-// routed rows at a time, so its epilogue runs twice per tile; FC1 stages bf16 h in one pass); the
-// routing list is built with tile_m = 256 for this path
-// (launch_dynamic.cu).
+// 48 KB stages; 4 fit beside FC1's 32 KB staging of h (kStages says how), FC2 stores from registers.
+// The routing list is built with tile_m = 256 for this path (launch_dynamic.cu).
 //
 // Both operands are K-major with the 128-byte swizzle (wgmma_layout.h sw128_offset), the layout of
 // the fast Hopper GEMMs. With the no-swizzle layout this GEMM measured no faster than the register

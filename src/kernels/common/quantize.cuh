@@ -26,8 +26,6 @@ __host__ __device__ inline int quant_block(QuantKind q) {
   return q == QuantKind::kNvfp4 || q == QuantKind::kNone ? fmt::kNvfp4Block : fmt::kMxBlock;
 }
 
-// Quantise-dequantise one block of kBlock = quant_block(q) values, writing bf16.
-// g: NVFP4 decode global scale (ignored otherwise).
 // The dequantised element of a block: e2m1_decode(nvfp4_code(v, b)) (resp. mxfp4_code) through
 // fmt::e2m1_round, e4m3_decode(mxfp8_code(v, b)) through fmt::e4m3_round: a few instructions instead
 // of the code's comparisons and its decode; equal bit for bit (tests/cpu/test_formats.cpp, every float
@@ -42,6 +40,8 @@ __device__ __forceinline__ float mxfp8_elem(float v, const fmt::MxBlock& b) {
   return b.encode ? fmt::e4m3_round(fmt::mul_rn(v, b.mul)) : 0.0f;
 }
 
+// Quantise-dequantise one block of kBlock = quant_block(q) values, writing bf16.
+// g: NVFP4 decode global scale (ignored otherwise).
 template <int kBlock>
 __device__ __forceinline__ void quant_dequant_block(QuantKind q, const float (&v)[kBlock], float g,
                                                     __nv_bfloat16 (&out)[kBlock]) {
@@ -59,16 +59,14 @@ __device__ __forceinline__ void quant_dequant_block(QuantKind q, const float (&v
     for (int i = 0; i < kBlock; ++i) out[i] = __float2bfloat16_rn(nvfp4_elem(v[i], b) * s);
   } else {  // kMxfp4 or kMxfp8
     static_assert(kBlock == fmt::kMxBlock);
+    bool nan;
+    const float amax = fmt::block_amax(v, kBlock, &nan);  // sets nan: its own statement
     if (q == QuantKind::kMxfp4) {
-      bool nan;
-      const float amax = fmt::block_amax(v, kBlock, &nan);
       const fmt::MxBlock b = fmt::mx_block(amax, nan, fmt::kE2M1Max);
       const float s = fmt::ue8m0_decode(b.scale);
 #pragma unroll
       for (int i = 0; i < kBlock; ++i) out[i] = __float2bfloat16_rn(mxfp4_elem(v[i], b) * s);
     } else {
-      bool nan;
-      const float amax = fmt::block_amax(v, kBlock, &nan);
       const fmt::MxBlock b = fmt::mx_block(amax, nan, fmt::kE4M3Max);
       const float s = fmt::ue8m0_decode(b.scale);
 #pragma unroll
@@ -112,8 +110,8 @@ __device__ __forceinline__ __nv_bfloat16 quant_dequant_lanes(QuantKind q, float 
 }
 
 // quant_dequant_block over kBlock bf16 values read from memory, with few registers: one pass for the
-// block's amax and NaN, a second that codes, decodes and stores 8 values at a time, so no more than 8
-// values are live. The same fmt:: steps as quant_dequant_block, so the results are equal bit for
+// block's amax and NaN, a second that rounds and stores 8 values at a time, so no more than 8
+// values are live. The same steps as quant_dequant_block, so the results are equal bit for
 // bit. The values are columns col0.. of `row`, held in 16-byte chunks of 8 whose index is XORed
 // with `x` (a swizzled staging row; x = 0: plain); col0 a multiple of 8, dst 16-byte aligned. For
 // threads with a small register budget (the bf16 path's FC1 requantisation runs in the producer
@@ -125,7 +123,7 @@ __device__ __forceinline__ float bf16_word_half(uint32_t w, int half) {
 __device__ __forceinline__ uint4 staged_chunk(const uint16_t* row, int col, int x) {
   return *reinterpret_cast<const uint4*>(row + (((col >> 3) ^ x) << 3));
 }
-// Pass 2: dst[i] = bf16(elem(v_i) · s); elem codes and decodes one value.
+// Pass 2: dst[i] = bf16(elem(v_i) · s); elem rounds one value (nvfp4_elem, …).
 template <int kBlock, class Elem>
 __device__ __forceinline__ void dequant_pass(const uint16_t* row, int col0, int x, __nv_bfloat16* dst, float s,
                                              Elem elem) {
