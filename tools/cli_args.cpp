@@ -74,7 +74,7 @@ const std::set<std::string> kValueFlags = {
     "--model", "--hidden", "--intermediate", "--experts", "--topk", "--activation", "--swiglu-alpha",
     "--swiglu-beta", "--swiglu-limit", "--tokens", "--format", "--mode", "--backend", "--device", "--seed",
     "--out-dir", "--run-name", "--iters", "--warmup", "--sets", "--threads", "--ep", "--ep-strategy",
-    "--prefill-bf16-gib", "--prefill-bf16-min-rows", "--decode-fused-mib"};
+    "--prefill-bf16-gib", "--prefill-bf16-min-rows"};
 const std::set<std::string> kBoolFlags = {"--bias", "--no-peer", "--help"};
 
 // Which flags each subcommand accepts.
@@ -96,13 +96,11 @@ RunnerOptions runner_options(const Args& args, Backend backend, int64_t tokens) 
   o.cpu_threads = args.threads;
   o.prefill_bf16_bytes = args.prefill_bf16_bytes;
   o.prefill_bf16_min_rows = args.prefill_bf16_min_rows;
-  o.decode_fused_bytes = args.decode_fused_bytes;
   return o;
 }
 
 std::string backend_label(const MoeRunner& runner, int64_t tokens) {
-  return std::string(to_string(runner.plan(tokens))) + (runner.plan_bf16_copy(tokens) ? " (bf16 copy)" : "") +
-         (runner.plan_decode_fused(tokens) ? " (fused)" : "");
+  return std::string(to_string(runner.plan(tokens))) + (runner.plan_bf16_copy(tokens) ? " (bf16 copy)" : "");
 }
 
 const std::vector<int64_t>& protocol_tokens() {
@@ -144,9 +142,6 @@ std::string usage() {
         "                       prefill_bf16_bytes; default 0: none); calls with at least\n"
         "  --prefill-bf16-min-rows N   routes per expert (T·K / E, default 512) dequantise once into it;\n"
         "                       their rows read \"dynamic (bf16 copy)\"\n"
-        "  --decode-fused-mib M device memory for direct_micro's fused FC2 partial sums (RunnerOptions::\n"
-        "                       decode_fused_bytes; default 64, 0: never fused); calls whose\n"
-        "                       T·K·(I/32)·H·4 bytes fit run fused, their rows read \"direct_micro (fused)\"\n"
         "\n"
         "bench only:\n"
         "  --out-dir DIR        where <run-name>.jsonl and <run-name>.md go (default bench/results)\n"
@@ -305,8 +300,6 @@ Args parse_args(int argc, char** argv) {
     if (!(gib >= 0.0f && gib <= 1024.0f)) bad("--prefill-bf16-gib", v["--prefill-bf16-gib"], "must be in [0, 1024]");
     a.prefill_bf16_bytes = static_cast<int64_t>(static_cast<double>(gib) * (int64_t{1} << 30));
   }
-  if (has("--decode-fused-mib"))
-    a.decode_fused_bytes = parse_int("--decode-fused-mib", v["--decode-fused-mib"], 0, 1 << 20) << 20;
   if (has("--prefill-bf16-min-rows"))
     a.prefill_bf16_min_rows = parse_int("--prefill-bf16-min-rows", v["--prefill-bf16-min-rows"], 1, int64_t{1} << 40);
   if (has("--iters")) a.iters = static_cast<int>(parse_int("--iters", v["--iters"], 1, 100000));

@@ -36,12 +36,6 @@ struct RunnerOptions {
   // measured; it lost at 128 (qwen3-30b-a3b T = 2048: 1.21 against 1.04 ms, and by more on the
   // larger models); 256 is unsettled.
   int64_t prefill_bf16_min_rows = 512;
-  // Decode on direct_micro: device bytes the runner may hold for the fused FC2's fp32 partial sums
-  // (0: never fused). A call whose T·K · (I/32) · H · 4 bytes fit takes the fused form: each FC1 item
-  // also multiplies its 32 intermediate columns by W2, and the second phase only reduces the partial
-  // sums, so no phase waits to start its own weight stream. Results equal the unfused form's up to
-  // fp32 summation order, and are deterministic either way.
-  int64_t decode_fused_bytes = int64_t{64} << 20;
 };
 
 // Owns prepared weights, a workspace sized for max_tokens and the per-T plan. run() allocates
@@ -66,8 +60,6 @@ class MoeRunner {
   Backend plan(int64_t num_tokens) const;
   // Whether that call dequantises the weights once into the bf16 copy (RunnerOptions::prefill_bf16_bytes).
   bool plan_bf16_copy(int64_t num_tokens) const;
-  // Whether that call takes direct_micro's fused FC2 (RunnerOptions::decode_fused_bytes).
-  bool plan_decode_fused(int64_t num_tokens) const;
   const MoeConfig& config() const;
   const RunnerOptions& options() const;
   int device() const;

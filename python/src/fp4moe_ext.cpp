@@ -277,7 +277,6 @@ NB_MODULE(_ext, m) {
   (void)base;
   // The C++ default line of the bf16 copy (RunnerOptions), so the Python defaults cannot drift from it.
   m.attr("DEFAULT_PREFILL_BF16_MIN_ROWS") = RunnerOptions{}.prefill_bf16_min_rows;
-  m.attr("DEFAULT_DECODE_FUSED_BYTES") = RunnerOptions{}.decode_fused_bytes;
 
   nb::class_<MoeConfig>(m, "MoeConfig")
       .def(nb::init<>())
@@ -317,23 +316,19 @@ NB_MODULE(_ext, m) {
   nb::class_<PyRunner>(m, "Runner")
       .def("__init__",
            [](PyRunner* self, const MoeConfig& c, const PreparedWeights& w, int64_t max_tokens, const std::string& backend,
-              bool deterministic, int cpu_threads, int64_t prefill_bf16_bytes, int64_t prefill_bf16_min_rows,
-              int64_t decode_fused_bytes) {
+              bool deterministic, int cpu_threads, int64_t prefill_bf16_bytes, int64_t prefill_bf16_min_rows) {
              RunnerOptions o;
              o.max_tokens = max_tokens, o.backend = parse_backend(backend), o.deterministic = deterministic;
              o.cpu_threads = cpu_threads;
              o.prefill_bf16_bytes = prefill_bf16_bytes, o.prefill_bf16_min_rows = prefill_bf16_min_rows;
-             o.decode_fused_bytes = decode_fused_bytes;
              new (self) PyRunner{MoeRunner(c, w, o), w.device()};
            },
            "config"_a, "weights"_a, "max_tokens"_a = 4096, "backend"_a = "auto", "deterministic"_a = false,
            "cpu_threads"_a = 0, "prefill_bf16_bytes"_a = 0,
-           "prefill_bf16_min_rows"_a = RunnerOptions{}.prefill_bf16_min_rows,
-           "decode_fused_bytes"_a = RunnerOptions{}.decode_fused_bytes)
+           "prefill_bf16_min_rows"_a = RunnerOptions{}.prefill_bf16_min_rows)
       .def("run", &run, "x"_a, "token_selected_experts"_a, "token_final_scales"_a, "output"_a, "stream"_a = 0)
       .def("plan", [](const PyRunner& r, int64_t t) { return std::string(to_string(r.runner.plan(t))); })
       .def("plan_bf16_copy", [](const PyRunner& r, int64_t t) { return r.runner.plan_bf16_copy(t); })
-      .def("plan_decode_fused", [](const PyRunner& r, int64_t t) { return r.runner.plan_decode_fused(t); })
       .def_prop_ro("device", [](const PyRunner& r) { return r.device; })
       .def_prop_ro("config", [](const PyRunner& r) { return r.runner.config(); })
       .def_prop_ro("workspace_bytes", [](const PyRunner& r) { return r.runner.workspace_bytes(); });

@@ -36,8 +36,6 @@ class Runner {
   virtual size_t workspace_bytes() const = 0;
   // Whether `backend` running T tokens dequantises the weights once into the bf16 copy.
   virtual bool uses_bf16_copy(Backend backend, int64_t num_tokens) const = 0;
-  // Whether `backend` running T tokens takes direct_micro's fused FC2.
-  virtual bool uses_decode_fused(Backend backend, int64_t num_tokens) const = 0;
 };
 
 std::unique_ptr<Runner> make_runner(const MoeConfig& config, std::shared_ptr<const DeviceWeights> weights,

@@ -42,7 +42,7 @@ class GpuRunner final : public Runner {
         o.backend == Backend::kDirectMicro || (o.backend == Backend::kAuto && kDirectMicroMaxRoutes > 0);
     // Sized for the variant's capacity, which kAuto's line (kDirectMicroMaxRoutes) reaches too.
     if (dm_reachable && direct_micro_supports(c, 1, nullptr))
-      dm_ = std::make_unique<DirectMicroWorkspace>(c, *w_, o.max_tokens, o.decode_fused_bytes);
+      dm_ = std::make_unique<DirectMicroWorkspace>(c, *w_, o.max_tokens);
     // dynamic (prefill, wgmma) has no buffers of its own (generic's routing, gather and combine
     // buffers serve it); its workspace records whether the device can run it.
     if (o.backend == Backend::kDynamic || o.backend == Backend::kAuto) dyn_ = std::make_unique<DynamicWorkspace>(device_);
@@ -86,10 +86,6 @@ class GpuRunner final : public Runner {
 
   bool uses_bf16_copy(Backend backend, int64_t T) const override {
     return backend == Backend::kDynamic && dyn_ && dynamic_uses_bf16(c_, *dyn_, T);
-  }
-
-  bool uses_decode_fused(Backend backend, int64_t T) const override {
-    return backend == Backend::kDirectMicro && dm_ && direct_micro_fused(c_, *dm_, T);
   }
 
   size_t workspace_bytes() const override {

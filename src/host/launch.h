@@ -115,28 +115,23 @@ void launch_dynamic_bf16_gemm(const DynamicWorkspace& ws, const kernels::MoeGemm
 
 // ---- direct_micro: one cooperative launch for decode ---------------------------------------------
 struct DirectMicroWorkspace {
-  // Holds min(max_tokens · K, the config's variant capacity) routes; the fused FC2's partial sums for
-  // as many routes as fused_bytes (RunnerOptions::decode_fused_bytes) holds.
-  DirectMicroWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens, int64_t fused_bytes);
+  // Holds min(max_tokens · K, the config's variant capacity) routes.
+  DirectMicroWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens);
   size_t bytes() const;
   int max_routes = 0;  // routes (T·K) this workspace holds
-  int fused_routes = 0;  // routes up to which a call takes the fused FC2 (0: never)
   int grid = 0;        // co-resident CTAs of the compiled kernel on this device
   int fc2_parts = 1;      // CTAs per FC2 item (direct_micro.cuh Params::fc2_parts)
-  DeviceBuffer a1, a2, barrier, fc2_scratch, fc2_flags, fc2_partial;
+  DeviceBuffer a1, a2, barrier, fc2_scratch, fc2_flags;
 };
 // RunArgs::trace of direct_micro: [grid][kDirectMicroTraceSlots] per CTA, zeroed by the caller: %globaltimer
 // stamps (start, setup, phase 0, barrier, phase 1, barrier, end), then ns summed over the CTA's items
-// (FC1 GEMM, FC1 epilogue + Q2, FC2 GEMM (fused: the items' W2 partials), FC2 top-k sum (fused: the
-// reduction)), then the CTA's %smid, FC1 items, FC2 items.
+// (FC1 GEMM, FC1 epilogue + Q2, FC2 GEMM, FC2 top-k sum), then the CTA's %smid, FC1 items, FC2 items.
 inline constexpr int kDirectMicroTraceStamps = 7;
 inline constexpr int kDirectMicroTraceSums = 4;
 inline constexpr int kDirectMicroTraceSlots = kDirectMicroTraceStamps + kDirectMicroTraceSums + 3;
 // Whether direct_micro takes T = tokens: T·K within the capacity of the variant the config uses
 // (f16 for NVFP4 weights with a4 activations: 1024 routes; bf16 otherwise: 512) and E_local ≤ 1024.
 bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why);
-// Whether a call of T tokens takes the fused FC2 (its partial sums fit ws.fused_routes).
-bool direct_micro_fused(const MoeConfig& c, const DirectMicroWorkspace& ws, int64_t tokens);
 void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicroWorkspace& ws, const RunArgs& a);
 
 }  // namespace fp4moe::gpu

@@ -55,14 +55,8 @@ bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why)
   return true;
 }
 
-DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens,
-                                           int64_t fused_bytes) {
+DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens) {
   max_routes = static_cast<int>(std::min<int64_t>(max_tokens * c.top_k, route_capacity(c)));
-  // The fused FC2's partial sums: [route][i_pad / 32][h_pad] fp32.
-  const int64_t per_route = static_cast<int64_t>(w.i_pad / 32) * w.h_pad * static_cast<int64_t>(sizeof(float));
-  fused_routes = static_cast<int>(std::min<int64_t>(max_routes, fused_bytes / per_route));
-  if (fused_routes > 0)
-    fc2_partial = DeviceBuffer(static_cast<size_t>(fused_routes * per_route), "workspace.dm_fc2_partial");
   // Row max_routes of a1 and a2 is the zero row that idle lanes of a route group read.
   a1 = DeviceBuffer(static_cast<size_t>(max_routes + 1) * w.h_pad * 2, "workspace.dm_a1");
   a2 = DeviceBuffer(static_cast<size_t>(max_routes + 1) * w.i_pad * 2, "workspace.dm_a2");
@@ -98,11 +92,7 @@ DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeigh
 }
 
 size_t DirectMicroWorkspace::bytes() const {
-  return a1.bytes() + a2.bytes() + barrier.bytes() + fc2_scratch.bytes() + fc2_flags.bytes() + fc2_partial.bytes();
-}
-
-bool direct_micro_fused(const MoeConfig& c, const DirectMicroWorkspace& ws, int64_t tokens) {
-  return tokens * c.top_k <= ws.fused_routes;
+  return a1.bytes() + a2.bytes() + barrier.bytes() + fc2_scratch.bytes() + fc2_flags.bytes();
 }
 
 void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicroWorkspace& ws, const RunArgs& a) {
@@ -143,10 +133,7 @@ void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicro
   // (qwen3-30b-a3b T = 1: per-CTA max 8.0 µs split, 7.5 unsplit), and the hand-over only adds: the
   // phase ends at 32.4 µs split, 30.1 unsplit (bench/results/h200-direct-micro-phases-20261202-
   // preload.txt). From T = 8 the split wins (99.0 vs 111.1 µs).
-  // Fused FC2 wherever its partial sums fit: no FC2 parts then.
-  const bool fused = direct_micro_fused(c, ws, a.tokens);
-  p.fc2_partial = fused ? ws.fc2_partial.get<float>() : nullptr;
-  p.fc2_parts = fused || a.tokens == 1 ? 1 : ws.fc2_parts;
+  p.fc2_parts = a.tokens == 1 ? 1 : ws.fc2_parts;
   p.fc2_scratch = p.fc2_parts > 1 ? ws.fc2_scratch.get<float>() : nullptr;
   p.fc2_flags = p.fc2_parts > 1 ? ws.fc2_flags.get<unsigned>() : nullptr;
   p.out = a.out;

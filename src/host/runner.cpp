@@ -76,8 +76,6 @@ MoeRunner::MoeRunner(const MoeConfig& config, PreparedWeights weights, const Run
                  "must be >= 0 (0: no bf16 copy), got ", options.prefill_bf16_bytes);
   FP4MOE_REQUIRE(options.prefill_bf16_min_rows >= 1, InvalidArgument, "options.prefill_bf16_min_rows",
                  "must be at least 1, got ", options.prefill_bf16_min_rows);
-  FP4MOE_REQUIRE(options.decode_fused_bytes >= 0, InvalidArgument, "options.decode_fused_bytes",
-                 "must be >= 0 (0: never fused), got ", options.decode_fused_bytes);
   check_capacity(config, options.max_tokens);
   impl_->config = config;
   impl_->weights = std::move(weights);
@@ -118,11 +116,6 @@ Backend MoeRunner::plan(int64_t T) const {
 bool MoeRunner::plan_bf16_copy(int64_t T) const {
   const Backend b = plan(T);
   return impl_->gpu && impl_->gpu->uses_bf16_copy(b, T);
-}
-
-bool MoeRunner::plan_decode_fused(int64_t T) const {
-  const Backend b = plan(T);
-  return impl_->gpu && impl_->gpu->uses_decode_fused(b, T);
 }
 
 void MoeRunner::run(const void* x, const void* ids, IndexType ids_type, const float* w, void* out, int64_t T,

@@ -16,14 +16,6 @@
 //             every touched expert, leave per-route sums in shared memory, and the CTA writes
 //             out[t] = Σ_j w[t,j]·(alpha2·Σ_kc + b2) in slot order — each output element once
 //
-// Fused form (Params::fc2_partial, when the runner's decode_fused_bytes hold T·K · (I/32) · H fp32):
-//   phase 1   each item also multiplies its h (kept in shared memory, no A2) by the same 32 k of W2
-//             for every output row (fc2_partial) and leaves the raw sums per (route, item)
-//                                                                                          → barrier
-//   phase 2   one CTA item per (token, 32 output columns): the partial sums reduced in slice order,
-//             then the top-k sum as above (reduce_item)
-// FC2's weights then stream beside FC1's in phase 1, and phase 2 moves only the partial sums.
-//
 // Every sum runs in a fixed order, so results are deterministic. Neither GEMM leaves partial sums in
 // global memory: the only cross-CTA traffic is A1 and A2.
 //
@@ -65,10 +57,6 @@ inline constexpr int kMaxRoutesF16 = 1024;
 inline constexpr int kMaxRoutesBf16 = 512;
 template <bool kF16>
 inline constexpr int kMaxRoutes = kF16 ? kMaxRoutesF16 : kMaxRoutesBf16;
-// Fused FC2: the h stage's row stride in 16-bit elements (32 columns + 8 of padding: rows g = 0..7 at
-// 20-word steps start in 8 distinct 4-bank groups), and the routes of a token reduced per step.
-inline constexpr int kHsStride = 40;
-inline constexpr int kRedRoutes = 8;
 // sm_90's shared memory (H100, H200): 228 KB per SM, of which the hardware reserves 1 KB per CTA.
 inline constexpr size_t kSmemPerSm = 228 * 1024, kSmemReservedPerCta = 1024;
 
@@ -103,17 +91,13 @@ struct Params {
   int fc2_parts;
   float* fc2_scratch;
   unsigned* fc2_flags;
-  // Fused FC2 (fc2_partial non-null): each phase-1 item also multiplies its 32 columns of h by the
-  // matching 32 k of W2 (every output row) and leaves the raw sums in fc2_partial [routes][i_pad / 32]
-  // [h_pad]; phase 2 only reduces them (reduce_item). No phase-2 weight stream and no A2.
-  float* fc2_partial;
   void* out;
   bool out_fp32;
   unsigned long long* trace;  // diagnostics: null, or [grid][kTraceSlots] per CTA (kTraceStamps, kTraceSums, kTraceWhere)
 };
 inline constexpr int kTraceStamps = 7;  // %globaltimer at start, setup, phase 0, barrier, phase 1, barrier, end
 // ns summed over the CTA's items: FC1 GEMM (to the partial sums' barrier), FC1 epilogue + Q2, FC2 GEMM
-// (to the sums' barrier; fused: the items' W2 partials), FC2 hand-over + top-k sum (fused: the reduction).
+// (to the sums' barrier), FC2 hand-over + top-k sum.
 inline constexpr int kTraceSums = 4;
 // Where the work ran: the CTA's %smid, its FC1 items and its FC2 items (how evenly items spread over
 // SMs, not only over CTAs).
@@ -142,15 +126,11 @@ struct alignas(16) SmemT {
   int route_slot[kR];          // route r's expert slot in `touched`, or -1 (id outside the local range)
   float route_w[kR];           // its router weight
   float alpha1[kSlots], alpha2[kSlots], g1[kSlots], g2[kSlots];  // per touched slot
-  // Fused FC2: the pass's h (bf16, or f16 bits on the kF16 path) [route in pass][32 columns], rows
-  // padded to kHsStride so a warp's B-fragment loads (row g, word c) hit 32 banks; idle rows zero.
-  uint16_t hs[8 * kMaxGroups][kHsStride];
   union {
     struct {
       float part[kWarps][8 * kMaxGroups][64];  // FC1 per-warp partial sums [warp][route in pass][up 0..31, gate 32..63]
     } fc1;
     float fc2[kFc2Slots][16];                  // FC2 sums [k-chunk · routes + r][column]
-    float red[kWarps][kRedRoutes][32];         // fused FC2's reduction: [warp][route of the chunk][column]
   } u;
 };
 template <bool kF16>
@@ -209,11 +189,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* ptr) {  // read once: sk
                : "l"(ptr));
   return v;
 }
-__device__ __forceinline__ uint2 ld_stream(const uint2* ptr) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(ptr));
-  return v;
-}
 
 // Routing into shared memory; identical in every CTA.
 template <int kR>
@@ -270,13 +245,13 @@ __device__ void build_routing(const Params& p, SmemT<kR>& sm) {
 // Activations as the GEMMs read them: bf16, or f16 on the NVFP4-a4 path (kF16), where every value
 // (E2M1 code × E4M3 block scale) is exact in both.
 template <bool kF16>
-__device__ __forceinline__ uint16_t act_bits(__nv_bfloat16 v) {
-  if constexpr (kF16) return __half_as_ushort(__float2half_rn(__bfloat162float(v)));
-  else return __bfloat16_as_ushort(v);
-}
-template <bool kF16>
 __device__ __forceinline__ void store_act(__nv_bfloat16* dst, long long i, __nv_bfloat16 v) {
-  reinterpret_cast<uint16_t*>(dst)[i] = act_bits<kF16>(v);
+  if constexpr (kF16) {
+    const __half h = __float2half_rn(__bfloat162float(v));
+    reinterpret_cast<__half*>(dst)[i] = h;
+  } else {
+    dst[i] = v;
+  }
 }
 
 // Phase 0 item, one warp: columns [32·cb, 32·cb + 32) of routed row r, a lane per column:
@@ -363,65 +338,6 @@ __device__ __forceinline__ void group_rows(const Params& p, const SmemT<kR>& sm,
   }
 }
 
-// Fused FC2 of one phase-1 pass: intermediate columns [32·cb, 32·cb + 32) of expert e (h of the
-// pass's routes in sm.hs) times the same 32 k of W2, for every output row. W2's 16 × 64 fragment tile
-// (e, rt, cb / 2) holds them in words 2·(cb & 1) and 2·(cb & 1) + 1 of each lane's vector (k16 steps
-// 2·(cb & 1) + j), so a lane loads 8 bytes per row tile. Warp w takes row tiles w, w + 8, …, kU at a
-// time; route base + ρ's raw sums go to fc2_partial[(r · C32 + cb) · h_pad + row], reduced in phase 2.
-template <int kG, bool kF16>
-__device__ void fc2_partial(const Params& p, const Smem<kF16>& sm, int e, int cb, int base, int end) {
-  constexpr int kU = 4;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int KT2 = p.i_pad / 64, RT2 = p.h_pad / 16, C32 = p.i_pad / 32, half = cb & 1;
-  const int sb = 64 / p.block;
-  const FragLut lut = frag_lut(tables(sm));  // bf16 path only
-  // B fragments, k16 steps j = 0, 1 of the slice: route 8q + g, k 2c, 2c+1 and 2c+8, 2c+9.
-  uint32_t b[kG][2][2];
-#pragma unroll
-  for (int q = 0; q < kG; ++q)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const uint32_t* row = reinterpret_cast<const uint32_t*>(&sm.hs[8 * q + g][0]);
-      b[q][j][0] = row[8 * j + c];
-      b[q][j][1] = row[8 * j + c + 4];
-    }
-  const int64_t tile_e = static_cast<int64_t>(e) * RT2 * KT2 + (cb >> 1);  // tile (e, rt, cb/2) = tile_e + rt·KT2
-  for (int rt0 = warp; rt0 < RT2; rt0 += kWarps * kU) {
-    uint2 wv[kU];
-    uint32_t slo[kU], shi[kU];
-#pragma unroll
-    for (int v = 0; v < kU; ++v) {
-      const int64_t tile = tile_e + static_cast<int64_t>(min(rt0 + v * kWarps, RT2 - 1)) * KT2;  // clamped: unused
-      wv[v] = ld_stream(reinterpret_cast<const uint2*>(p.w2 + tile * 32 + lane) + half);
-      frag_scales(p.s2 + tile * 16 * sb, sb, slo[v], shi[v]);
-    }
-#pragma unroll
-    for (int v = 0; v < kU; ++v) {
-      const int rt = rt0 + v * kWarps;
-      if (rt >= RT2) break;
-      float acc[kG][4] = {};
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        uint32_t a[4];
-        if constexpr (kF16) frag_a_f16(j ? wv[v].y : wv[v].x, slo[v], shi[v], 2 * half + j, a);
-        else frag_a_bf16(lut, j ? wv[v].y : wv[v].x, slo[v], shi[v], 2 * half + j, a);
-#pragma unroll
-        for (int q = 0; q < kG; ++q) ptx::mma_16816<kF16>(acc[q], a, b[q][j]);
-      }
-      // accumulator (q, i): output row 16·rt + g + 8·(i/2), route base + 8q + 2c + i%2.
-#pragma unroll
-      for (int q = 0; q < kG; ++q)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int idx = base + 8 * q + 2 * c + (i & 1);
-          if (idx < end)
-            p.fc2_partial[(static_cast<int64_t>(sm.list[idx]) * C32 + cb) * p.h_pad + 16 * rt + g + 8 * (i >> 1)] =
-                acc[q][i];
-        }
-    }
-  }
-}
-
 // Phase 1 item: expert slot u, intermediate columns [32·cb, 32·cb + 32). Gated: four weight row
 // tiles (up 2cb, 2cb+1; gate the same past i_pad); relu2: two. Warp w reduces k-tiles
 // [w·per, (w+1)·per) of H; the CTA adds the 8 partial sums in warp order.
@@ -489,17 +405,10 @@ __device__ void fc1_item(const Params& p, Smem<kF16>& sm, int u, int cb) {
       const float h = fmt::round_bf16(apply_activation<float>(p.activation, gate, up, p.sw_alpha, p.sw_beta,
                                                               p.sw_limit));  // bf16 before Q2 (reference §2.4)
       const __nv_bfloat16 o = quant_dequant_lanes(p.q, h, sm.g2[u]);
-      if (p.fc2_partial != nullptr) sm.hs[rho][lane] = act_bits<kF16>(o);
-      else store_act<kF16>(p.a2 + static_cast<int64_t>(sm.list[base + rho]) * p.i_pad, permuted_col(ic), o);
+      store_act<kF16>(p.a2 + static_cast<int64_t>(sm.list[base + rho]) * p.i_pad, permuted_col(ic), o);
     }
-    if (p.fc2_partial != nullptr)  // the pass's idle B rows
-      for (int i = n_routes * 32 + threadIdx.x; i < kRoutes * 32; i += kThreads) sm.hs[i >> 5][i & 31] = 0;
-    __syncthreads();  // part is reused by the next pass; hs is complete
+    __syncthreads();  // part is reused by the next pass
     lap(p, &t0, 1);
-    if (p.fc2_partial != nullptr) {
-      fc2_partial<kG, kF16>(p, sm, e, cb, base, end);
-      lap(p, &t0, 2);
-    }
   }
 }
 
@@ -604,51 +513,6 @@ __device__ void fc2_item(const Params& p, Smem<kF16>& sm, int rt, int part, int 
   lap(p, &t0, 3);
 }
 
-// Fused FC2's phase 2 item: output columns [32·blk, 32·blk + 32) of token t, a lane per column. Warp
-// w adds the partial sums of k-slices [w·C32/8, (w+1)·C32/8) of each route in slice order; warp 0
-// then adds the warps' sums in warp order and the routes' weighted terms in slot order (the same
-// per-term arithmetic as fc2_item's top-k sum), and writes each output once.
-template <bool kF16>
-__device__ void reduce_item(const Params& p, Smem<kF16>& sm, int t, int blk) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int C32 = p.i_pad / 32, col = 32 * blk + lane;
-  const int lo = warp * C32 / kWarps, hi = (warp + 1) * C32 / kWarps;
-  float s = 0.f;  // warp 0: the token's sum so far
-  for (int j0 = 0; j0 < p.top_k; j0 += kRedRoutes) {
-    const float* src[kRedRoutes];
-    float d[kRedRoutes];
-#pragma unroll
-    for (int jj = 0; jj < kRedRoutes; ++jj) {
-      const int r = t * p.top_k + j0 + jj;
-      const bool live = j0 + jj < p.top_k && sm.route_slot[r] >= 0;
-      src[jj] = live ? p.fc2_partial + static_cast<int64_t>(r) * C32 * p.h_pad + col : nullptr;
-      d[jj] = 0.f;
-    }
-    // Written by other CTAs in this launch: through L2 (ld.cg), never the read-only path.
-#pragma unroll 2
-    for (int cb = lo; cb < hi; ++cb)
-#pragma unroll
-      for (int jj = 0; jj < kRedRoutes; ++jj)
-        if (src[jj] != nullptr) d[jj] += __ldcg(src[jj] + static_cast<int64_t>(cb) * p.h_pad);
-#pragma unroll
-    for (int jj = 0; jj < kRedRoutes; ++jj) sm.u.red[warp][jj][lane] = d[jj];
-    __syncthreads();
-    if (warp == 0)
-      for (int jj = 0; jj < kRedRoutes && j0 + jj < p.top_k; ++jj) {
-        const int r = t * p.top_k + j0 + jj, slot = sm.route_slot[r];
-        if (slot < 0) continue;
-        float dr = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) dr += sm.u.red[w][jj][lane];
-        const float b = p.b2 ? p.b2[static_cast<int64_t>(sm.touched[slot]) * p.h_pad + col] : 0.f;
-        const float term = __fmul_rn(sm.route_w[r], fmaf(sm.alpha2[slot] * (kF16 ? 64.f : 1.f), dr, b));
-        s = __fadd_rn(s, term);
-      }
-    __syncthreads();  // red is reused by the next routes
-  }
-  if (warp == 0 && col < p.hidden) store_out1(p.out, p.out_fp32, static_cast<int64_t>(t) * p.hidden + col, s);
-}
-
 // kG: route groups of 8 per weight pass. kF16: NVFP4 weights with NVFP4 (a4) activations, on f16
 // tensor cores (both operands exact in f16, see stream_gemm); otherwise bf16 through lookup tables.
 template <int kG, bool kF16>
@@ -692,15 +556,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   grid_sync(p.barrier);
   stamp(p, 5);
 
-  if (p.fc2_partial != nullptr) {  // fused FC2: only the reduction is left
-    const int blocks = p.h_pad / 32, items = p.tokens * blocks;
-    where(p, 2, static_cast<int>(blockIdx.x) < items ? (items - 1 - blockIdx.x) / gridDim.x + 1 : 0);
-    unsigned long long t0 = p.trace != nullptr ? now_ns() : 0;
-    for (int item = blockIdx.x; item < items; item += gridDim.x) reduce_item<kF16>(p, sm, item / blocks, item % blocks);
-    lap(p, &t0, 3);
-    stamp(p, 6);
-    return;
-  }
   // Phase 2: FC2 + top-k sum per 16 output columns.
   const int KC2 = fc2_chunks(nt, p.i_pad / 64, p.routes, Smem<kF16>::kFc2Slots);
   const int items2 = p.h_pad / 16 * p.fc2_parts;

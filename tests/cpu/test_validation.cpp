@@ -318,15 +318,6 @@ TEST_F(RunFixture, PrefillBf16Options) {
   EXPECT_EQ(r.workspace_bytes(), 0u);
 }
 
-TEST_F(RunFixture, DecodeFusedOption) {
-  RunnerOptions o;
-  o.max_tokens = T, o.decode_fused_bytes = -1;
-  EXPECT_ERROR(InvalidArgument, MoeRunner(c, w, o), "options.decode_fused_bytes", "-1");
-  o.decode_fused_bytes = 0;
-  const MoeRunner r(c, w, o);  // host weights: the reference backend, never fused
-  EXPECT_FALSE(r.plan_decode_fused(T));
-}
-
 TEST_F(RunFixture, WeightsPreparedForAnotherConfig) {
   const auto other = [&](auto edit) {
     MoeConfig o = c;

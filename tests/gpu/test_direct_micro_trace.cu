@@ -118,7 +118,7 @@ TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
     c.activation = s->activation, c.swiglu = s->swiglu;
     const QuantizedCheckpoint layer = testkit::make_layer({c, 5});
     const auto w = gpu::upload_weights(c, canonicalize(c, layer.view()), 0);
-    gpu::DirectMicroWorkspace ws(c, *w, 64, RunnerOptions{}.decode_fused_bytes);
+    gpu::DirectMicroWorkspace ws(c, *w, 64);
     for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}}) {
       const testkit::Inputs in = testkit::make_inputs(c, T, 77 + T);
       DeviceArray<uint16_t> x(in.x);
@@ -133,21 +133,18 @@ TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
       for (int rep = 0; rep < 3; ++rep) gpu::launch_direct_micro(c, *w, ws, a);
       GPU_CHECK(cudaDeviceSynchronize());
       a.trace = trace.get();
-      std::printf("%s T=%lld grid %d fc2_parts %d fused up to %d routes\n", model, static_cast<long long>(T), ws.grid,
-                  ws.fc2_parts, ws.fused_routes);
-      // As the bench times it (weights evicted from L2 first): fused (where the workspace holds T's
-      // partial sums), unfused with and without the FC2 split; then with the weights already in L2.
-      const int parts = ws.fc2_parts, fused = ws.fused_routes;
+      std::printf("%s T=%lld grid %d fc2_parts %d\n", model, static_cast<long long>(T), ws.grid, ws.fc2_parts);
+      // As the bench times it (weights evicted from L2 first), with and without the FC2 split; then
+      // with the weights already in L2.
+      const int parts = ws.fc2_parts;
       struct Run {
         const char* what;
         int parts;
-        int fused_routes;
         bool flush;
       };
-      for (const Run& r : {Run{"L2 flushed", parts, fused, true}, Run{"L2 flushed, unfused", parts, 0, true},
-                           Run{"L2 flushed, unfused, FC2 unsplit", 1, 0, true}, Run{"weights in L2", parts, fused, false}}) {
+      for (const Run& r : {Run{"L2 flushed", parts, true}, Run{"L2 flushed, FC2 unsplit", 1, true},
+                           Run{"weights in L2", parts, false}}) {
         ws.fc2_parts = r.parts;
-        ws.fused_routes = r.fused_routes;
         spin<<<ws.grid, 32>>>(20'000'000ull);  // the host work between launches let the GPU idle
         if (r.flush) flush_read<<<1056, 256>>>(flush_buf.get(), flush_n, sink.get());
         else gpu::launch_direct_micro(c, *w, ws, gpu::RunArgs{a.x, a.ids, a.ids_type, a.topk_weights, a.out, T, nullptr});
@@ -158,7 +155,6 @@ TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
         print_phases(r.what, trace.download(), ws.grid);
       }
       ws.fc2_parts = parts;
-      ws.fused_routes = fused;
     }
   }
 }

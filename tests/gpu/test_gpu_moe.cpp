@@ -104,7 +104,6 @@ std::vector<unsigned char> run_on_gpu(const Problem& p, RunnerOptions o = {}, In
   MoeRunner r(c, w, o);
   EXPECT_EQ(r.plan_bf16_copy(p.tokens), o.prefill_bf16_bytes > 0 && o.backend == Backend::kDynamic)
       << "the call was meant to take the bf16 copy exactly when the test gives it one";
-  if (o.decode_fused_bytes == 0) EXPECT_FALSE(r.plan_decode_fused(p.tokens)) << "fused without a budget";
   DeviceInputs in(p);
   const size_t esz = c.output_dtype == OutputDType::kBF16 ? 2 : 4;
   DeviceArray<unsigned char> out(p.tokens * c.hidden * esz);
@@ -125,26 +124,23 @@ RunnerOptions with_bf16_copy(RunnerOptions o) {
 }
 
 // Runs the problem on every GPU backend that can take it (and on kAuto), each against the reference;
-// dynamic also on its bf16 path (once per call dequantisation) when T·K reaches one row per expert,
-// direct_micro in both forms (the default budget fuses FC2 at these sizes; none does not).
+// dynamic also on its bf16 path (once per call dequantisation) when T·K reaches one row per expert.
 void expect_matches_reference(const ProblemSpec& spec, RunnerOptions o = {}, IndexType it = IndexType::kInt32) {
   const Problem p = testkit::make_problem(spec);
   const bool bf16_reachable = spec.tokens * spec.config.top_k >= spec.config.num_experts && device_is_sm90();
-  for (int variant = 0; variant < 6; ++variant) {
-    const Backend b = std::array{Backend::kAuto,    Backend::kGeneric, Backend::kDirectMicro,
-                                 Backend::kDynamic, Backend::kDynamic, Backend::kDirectMicro}[variant];
+  for (int variant = 0; variant < 5; ++variant) {
+    const Backend b = variant < 4 ? std::array{Backend::kAuto, Backend::kGeneric, Backend::kDirectMicro,
+                                               Backend::kDynamic}[variant]
+                                  : Backend::kDynamic;
     if (b == Backend::kDirectMicro && spec.tokens * spec.config.top_k > direct_micro_capacity(spec.config))
       continue;
     if (variant == 4 && !bf16_reachable) continue;
     RunnerOptions ob = variant == 4 ? with_bf16_copy(o) : o;
     ob.backend = b;
-    if (variant == 2) ob.decode_fused_bytes = int64_t{1} << 30;
-    if (variant == 5) ob.decode_fused_bytes = 0;
-    const char* form = variant == 4 ? " (bf16 copy)" : variant == 2 ? " (fused)" : variant == 5 ? " (unfused)" : "";
     const auto out = run_on_gpu(p, ob, it);
     const auto acc = check_against_reference(p, out.data(), testkit::default_tolerance(spec.config));
-    EXPECT_TRUE(acc.pass) << spec.config.to_string() << " T=" << spec.tokens << " backend " << to_string(b) << form
-                          << ": " << acc.summary();
+    EXPECT_TRUE(acc.pass) << spec.config.to_string() << " T=" << spec.tokens << " backend " << to_string(b)
+                          << (variant == 4 ? " (bf16 copy)" : "") << ": " << acc.summary();
   }
 }
 
@@ -310,8 +306,7 @@ TEST(GpuEdge, NanInOneTokenStaysInThatToken) {
 // options.backend, T·K and the capacity. K = 8 over E = 128 takes one route group per weight pass
 // (8 routes per expert on average); K = 1 over E = 64 takes two (16); with every route on one expert
 // that expert takes up to 64 passes, and at half the capacity its FC2 sums hold two k-chunks per route
-// (KC · routes = the variant's FC2 slots). H = 512: 32 FC2 items, split over CTAs. Each case in both
-// forms of FC2 (fused into the FC1 items, and its own phase).
+// (KC · routes = the variant's FC2 slots). H = 512: 32 FC2 items, split over CTAs.
 TEST(GpuEdge, DirectMicroAtItsRouteCapacity) {
   REQUIRE_GPU();
   struct Variant {
@@ -336,14 +331,8 @@ TEST(GpuEdge, DirectMicroAtItsRouteCapacity) {
       if (k.one_expert) s.routing = ProblemSpec::Routing::kAllToOneExpert, s.one_expert = 40;
       const Problem p = testkit::make_problem(s);
       PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
-      // Both forms: FC2 fused (the default budget holds 1024 routes' partial sums at H = 512, I = 256)
-      // and not.
-      MoeRunner unfused(c, w, {.max_tokens = T + 1, .backend = Backend::kDirectMicro, .decode_fused_bytes = 0});
-      ASSERT_EQ(unfused.plan(T), Backend::kDirectMicro) << c.to_string() << " T=" << T;
-      ASSERT_FALSE(unfused.plan_decode_fused(T));
-      expect_run_matches_reference(unfused, p);
       MoeRunner r(c, w, {.max_tokens = T + 1, .backend = Backend::kDirectMicro});
-      ASSERT_TRUE(r.plan_decode_fused(T)) << c.to_string() << " T=" << T;
+      ASSERT_EQ(r.plan(T), Backend::kDirectMicro) << c.to_string() << " T=" << T;
       expect_run_matches_reference(r, p);
       if (k.top_k == 1) {  // T + 1 tokens: exactly one route past the capacity
         const testkit::Inputs more = testkit::make_inputs(c, T + 1, 901);
@@ -608,11 +597,8 @@ TEST(GpuRunner, DirectMicroDeterministicAndInAGraph) {
   const MoeConfig c = make_config(64, 512, 256, 8, WeightFormat::kNVFP4, ActMode::kA4, Activation::kSilu, true);
   const Problem p = testkit::make_problem({c, 20, 81});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
-  for (int64_t fused_bytes : {RunnerOptions{}.decode_fused_bytes, int64_t{0}}) {
-    MoeRunner r(c, w, {.max_tokens = 20, .backend = Backend::kDirectMicro, .decode_fused_bytes = fused_bytes});
-    EXPECT_EQ(r.plan_decode_fused(20), fused_bytes > 0);
-    expect_graph_replays_deterministic(p, r, 20);
-  }
+  MoeRunner r(c, w, {.max_tokens = 20, .backend = Backend::kDirectMicro});
+  expect_graph_replays_deterministic(p, r, 20);
 }
 
 TEST(GpuRunner, SmallCallAfterLargeCall) {
