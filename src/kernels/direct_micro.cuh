@@ -266,61 +266,98 @@ __device__ __forceinline__ void quantize_cols(const Params& p, int r, int cb, fl
   store_act<kF16>(p.a1 + static_cast<int64_t>(r) * p.h_pad, permuted_col(col), q);
 }
 
-// Streams kS weight row tiles of one expert over KT k-tiles (kU at a time), against kG groups of
-// routed rows. w[s]/sc[s]: the first k-tile's code and scale pointers of stream s; brow[q]: this
-// lane's B row of group q. acc[s][q]: m16n8 accumulators.
+// One stage of stream_gemm: kU k-tiles of kS weight row tiles (codes and scale words) and of kG
+// route groups' B fragments, in registers.
+template <int kS, int kU, int kG>
+struct StreamStage {
+  uint4 wv[kU][kS];
+  uint32_t slo[kU][kS], shi[kU][kS];
+  uint4 bv[kU][kG][2];
+};
+
+// Issues every load of the stage at k-tiles kt0 … kt0 + kU - 1 (clamped loads past the end are never used).
+template <int kS, int kU, int kG>
+__device__ __forceinline__ void load_stage(StreamStage<kS, kU, kG>& st, const uint4* const (&w)[kS],
+                                           const uint8_t* const (&sc)[kS], int sb, int KT,
+                                           const __nv_bfloat16* const (&brow)[kG], int kt0) {
+  const int lane = threadIdx.x & 31, c = lane & 3;
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const int kt = min(kt0 + u, KT - 1);
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+      st.wv[u][s] = ld_stream(w[s] + kt * 32 + lane);
+      frag_scales(sc[s] + static_cast<int64_t>(kt) * 16 * sb, sb, st.slo[u][s], st.shi[u][s]);
+    }
+#pragma unroll
+    for (int q = 0; q < kG; ++q) {
+      // A1/A2 were written earlier in this launch by other CTAs: coherent (L2) loads, never the
+      // read-only path.
+      const uint4* b = reinterpret_cast<const uint4*>(brow[q] + kt * 64 + c * 16);
+      st.bv[u][q][0] = __ldcg(b);
+      st.bv[u][q][1] = __ldcg(b + 1);
+    }
+  }
+}
+
+// Dequantises the stage's tiles and multiplies them into acc (k-tiles past KT skipped).
+template <int kS, int kU, int kG, bool kF16>
+__device__ __forceinline__ void mma_stage(const StreamStage<kS, kU, kG>& st, const FragLut& lut, int KT, int kt0,
+                                          float (&acc)[kS][kG][4]) {
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    if (kt0 + u >= KT) break;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+#pragma unroll
+      for (int s = 0; s < kS; ++s) {
+        const uint4& v = st.wv[u][s];
+        const uint32_t word = t == 0 ? v.x : t == 1 ? v.y : t == 2 ? v.z : v.w;
+        uint32_t a[4];
+        if constexpr (kF16) frag_a_f16(word, st.slo[u][s], st.shi[u][s], t, a);
+        else frag_a_bf16(lut, word, st.slo[u][s], st.shi[u][s], t, a);
+#pragma unroll
+        for (int q = 0; q < kG; ++q) {
+          const uint4& lo = st.bv[u][q][t >> 1];
+          uint32_t b[2];
+          b[0] = (t & 1) ? lo.z : lo.x;
+          b[1] = (t & 1) ? lo.w : lo.y;
+          ptx::mma_16816<kF16>(acc[s][q], a, b);
+        }
+      }
+    }
+  }
+}
+
+// Streams kS weight row tiles of one expert over KT k-tiles against kG groups of routed rows, two
+// register stages of kU k-tiles each: the next stage's loads are issued before the current stage's
+// dequantisation and MMAs, so a warp's load latency overlaps its own arithmetic (the loop is
+// issue-bound, and the warps of a CTA run in step between the item's barriers). w[s]/sc[s]: the first
+// k-tile's code and scale pointers of stream s; brow[q]: this lane's B row of group q. acc[s][q]:
+// m16n8 accumulators.
 template <int kS, int kU, int kG, bool kF16>
 __device__ __forceinline__ void stream_gemm(const Params& p, const Smem<kF16>& sm, const uint4* const (&w)[kS],
                                             const uint8_t* const (&sc)[kS], int KT,
                                             const __nv_bfloat16* const (&brow)[kG], float (&acc)[kS][kG][4]) {
-  const int lane = threadIdx.x & 31, c = lane & 3;
   // Scale bytes per row per tile: 4 (NVFP4) or 2 (MX); a constant on the f16 path (NVFP4 only), so
   // frag_scales' MX spreading drops out of its loop.
   const int sb = kF16 ? 4 : 64 / p.block;
   const FragLut lut = frag_lut(tables(sm));  // bf16 path only (the f16 launch has no tables)
-  for (int kt0 = 0; kt0 < KT; kt0 += kU) {
-    uint4 wv[kU][kS];
-    uint32_t slo[kU][kS], shi[kU][kS];
-    uint4 bv[kU][kG][2];
-    // Issue every load of kU tiles before the first use.
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int kt = min(kt0 + u, KT - 1);  // clamped loads past the end are never used
-#pragma unroll
-      for (int s = 0; s < kS; ++s) {
-        wv[u][s] = ld_stream(w[s] + kt * 32 + lane);
-        frag_scales(sc[s] + static_cast<int64_t>(kt) * 16 * sb, sb, slo[u][s], shi[u][s]);
-      }
-#pragma unroll
-      for (int q = 0; q < kG; ++q) {
-        // A1/A2 were written earlier in this launch by other CTAs: coherent (L2) loads, never the
-        // read-only path.
-        const uint4* b = reinterpret_cast<const uint4*>(brow[q] + kt * 64 + c * 16);
-        bv[u][q][0] = __ldcg(b);
-        bv[u][q][1] = __ldcg(b + 1);
-      }
+  if constexpr (kS * kG > 4) {  // two stages would not fit the registers: one, loaded then used
+    for (int kt0 = 0; kt0 < KT; kt0 += kU) {
+      StreamStage<kS, kU, kG> st;
+      load_stage(st, w, sc, sb, KT, brow, kt0);
+      mma_stage<kS, kU, kG, kF16>(st, lut, KT, kt0, acc);
     }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      if (kt0 + u >= KT) break;
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-#pragma unroll
-        for (int s = 0; s < kS; ++s) {
-          const uint32_t word = t == 0 ? wv[u][s].x : t == 1 ? wv[u][s].y : t == 2 ? wv[u][s].z : wv[u][s].w;
-          uint32_t a[4];
-          if constexpr (kF16) frag_a_f16(word, slo[u][s], shi[u][s], t, a);
-          else frag_a_bf16(lut, word, slo[u][s], shi[u][s], t, a);
-#pragma unroll
-          for (int q = 0; q < kG; ++q) {
-            const uint4& lo = bv[u][q][t >> 1];
-            uint32_t b[2];
-            b[0] = (t & 1) ? lo.z : lo.x;
-            b[1] = (t & 1) ? lo.w : lo.y;
-            ptx::mma_16816<kF16>(acc[s][q], a, b);
-          }
-        }
-      }
+  } else {
+    StreamStage<kS, kU, kG> s0, s1;
+    load_stage(s0, w, sc, sb, KT, brow, 0);
+    for (int kt0 = 0; kt0 < KT; kt0 += 2 * kU) {  // warp-uniform
+      if (kt0 + kU < KT) load_stage(s1, w, sc, sb, KT, brow, kt0 + kU);
+      mma_stage<kS, kU, kG, kF16>(s0, lut, KT, kt0, acc);
+      if (kt0 + kU >= KT) break;
+      if (kt0 + 2 * kU < KT) load_stage(s0, w, sc, sb, KT, brow, kt0 + 2 * kU);
+      mma_stage<kS, kU, kG, kF16>(s1, lut, KT, kt0 + kU, acc);
     }
   }
 }
@@ -343,7 +380,7 @@ __device__ __forceinline__ void group_rows(const Params& p, const SmemT<kR>& sm,
 // [w·per, (w+1)·per) of H; the CTA adds the 8 partial sums in warp order.
 template <int kG, bool kGated, bool kF16>
 __device__ void fc1_item(const Params& p, Smem<kF16>& sm, int u, int cb) {
-  constexpr int kS = kGated ? 4 : 2, kU = kG == 1 ? 2 : 1, kRoutes = 8 * kG;
+  constexpr int kS = kGated ? 4 : 2, kU = 1, kRoutes = 8 * kG;  // k-tiles per stage (two stages)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int e = sm.touched[u];
   const int begin = sm.start[u], end = sm.start[u + 1];
@@ -437,7 +474,7 @@ __device__ __forceinline__ float route_sum(const SmemT<kR>& sm, int routes, int 
 // the same arithmetic however the item is split.
 template <int kG, bool kF16>
 __device__ void fc2_item(const Params& p, Smem<kF16>& sm, int rt, int part, int KC) {
-  constexpr int kU = kG == 1 ? 4 : 2, kRoutes = 8 * kG;
+  constexpr int kU = kG == 1 ? 2 : 1, kRoutes = 8 * kG;  // k-tiles per stage (two stages)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   unsigned long long t0 = p.trace != nullptr ? now_ns() : 0;
   const int KT = p.i_pad / 64, RT = p.h_pad / 16, nt = sm.num_touched;
