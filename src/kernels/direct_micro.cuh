@@ -329,9 +329,9 @@ __device__ __forceinline__ void mma_stage(const StreamStage<kS, kU, kG>& st, con
   }
 }
 
-// Streams kS weight row tiles of one expert over KT k-tiles against kG groups of routed rows, two
-// register stages of kU k-tiles each: the next stage's loads are issued before the current stage's
-// dequantisation and MMAs, so a warp's load latency overlaps its own arithmetic (the loop is
+// Streams kS weight row tiles of one expert over KT k-tiles against kG groups of routed rows. One
+// stream (FC2): two register stages of kU k-tiles each, the next stage's loads issued before the
+// current stage's dequantisation and MMAs, so a warp's load latency overlaps its own arithmetic (the loop is
 // issue-bound, and the warps of a CTA run in step between the item's barriers). w[s]/sc[s]: the first
 // k-tile's code and scale pointers of stream s; brow[q]: this lane's B row of group q. acc[s][q]:
 // m16n8 accumulators.
@@ -343,7 +343,9 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem<kF16>& s
   // frag_scales' MX spreading drops out of its loop.
   const int sb = kF16 ? 4 : 64 / p.block;
   const FragLut lut = frag_lut(tables(sm));  // bf16 path only (the f16 launch has no tables)
-  if constexpr (kS * kG > 4) {  // two stages would not fit the registers: one, loaded then used
+  // Two stages of FC1's tiles (kS = 2 or 4 streams) spill 100-140 bytes under the 128-register
+  // bound of two CTAs per SM; FC2's single stream fits with either route-group count.
+  if constexpr (kS > 1) {  // one stage, loaded then used
     for (int kt0 = 0; kt0 < KT; kt0 += kU) {
       StreamStage<kS, kU, kG> st;
       load_stage(st, w, sc, sb, KT, brow, kt0);
@@ -380,7 +382,7 @@ __device__ __forceinline__ void group_rows(const Params& p, const SmemT<kR>& sm,
 // [w·per, (w+1)·per) of H; the CTA adds the 8 partial sums in warp order.
 template <int kG, bool kGated, bool kF16>
 __device__ void fc1_item(const Params& p, Smem<kF16>& sm, int u, int cb) {
-  constexpr int kS = kGated ? 4 : 2, kU = 1, kRoutes = 8 * kG;  // k-tiles per stage (two stages)
+  constexpr int kS = kGated ? 4 : 2, kU = kG == 1 ? 2 : 1, kRoutes = 8 * kG;  // k-tiles per stage
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int e = sm.touched[u];
   const int begin = sm.start[u], end = sm.start[u + 1];
