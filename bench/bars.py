@@ -2,11 +2,14 @@
 """Set `fp4moe bench` rows against an issue's bars and write the table as Markdown.
 
     python3 bench/bars.py prefill A.jsonl [B.jsonl ...] -o table.md [--title T] [--note LINE ...]
-    python3 bench/bars.py decode  A.jsonl [B.jsonl ...] -o table.md
+    python3 bench/bars.py decode  A.jsonl [B.jsonl ...] -o table.md [--jsonl-out rows.jsonl]
 
 Every row of every run in the files is read; a point (model, format, mode, T, bias) measured in
 several files takes the row of the *last* file that has it, so a later run overrides an earlier one
-point by point. Each row says which file it came from.
+point by point. Each row says which file it came from. With --same-path, a later row overrides only
+a row of the same backend and path ("dynamic" does not replace "dynamic (bf16 copy)"): for a later
+run made with other runner options (e.g. no bf16-copy budget) that should update only the points
+where both runs took the same path.
 
 Bars (the issues' texts):
   prefill (#5)  T >= 2048: efficiency >= 0.70 for a4 and a16, >= 0.55 for a8; T <= 1024: >= 0.6;
@@ -16,6 +19,7 @@ Bars (the issues' texts):
 A row without a peer time says so; it is not counted as faster.
 """
 import argparse
+import json
 import sys
 
 import benchjsonl
@@ -48,12 +52,17 @@ def main():
     ap.add_argument("-o", "--out", required=True)
     ap.add_argument("--title", default=None)
     ap.add_argument("--note", action="append", default=[], help="a line of text under the title (repeatable)")
+    ap.add_argument("--jsonl-out", help="also write the chosen rows as one run (for bench/plot.py)")
+    ap.add_argument("--same-path", action="store_true",
+                    help="a later row overrides an earlier one only where both took the same backend and path")
     args = ap.parse_args()
 
     chosen = {}
     for i, path in enumerate(args.jsonl):
         for r in read_rows(path):
             key = (r["model"], r["format"], r["mode"], r["tokens"], bool(r.get("bias")))
+            if args.same_path and key in chosen and chosen[key][0]["backend"] != r["backend"]:
+                continue
             chosen[key] = (r, i)
     if not chosen:
         sys.exit("no rows with an efficiency in " + ", ".join(args.jsonl))
@@ -90,6 +99,12 @@ def main():
         lines.append(f"- T = {t}: {vs_by_t[(t, 'faster')]} / {vs_by_t[(t, 'slower')]} / {vs_by_t[(t, '—')]}")
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")
+    if args.jsonl_out:
+        run = "table"
+        with open(args.jsonl_out, "w") as f:
+            f.write(json.dumps({"type": "run", "run": run, "command": "bench/bars.py " + " ".join(sys.argv[1:])}) + "\n")
+            for key in sorted(chosen, key=order):
+                f.write(json.dumps({**chosen[key][0], "run": run}) + "\n")
     print(f"wrote {args.out}: {total} rows, {met[True]} meet the bar")
 
 
