@@ -241,6 +241,27 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, const CUtensorMa
   }
 }
 
+// This consumer thread's accumulators of a tile, by weight row: acc[4q + 2·h2 + b] is weight row
+// 64c + acc_row(t, 2·h2) of n-tile ti.y (wgmma_layout.h) against routed row acc_col(t, 4q + 2·h2 + b).
+// f(i, jj, ok, bias, n): accumulator i, its row jj within the warpgroup's 64, whether the tile's row
+// is below `rows`, that row's bias (0 past `rows` or without biases), its routed row n.
+template <int kAccN, class F>
+__device__ __forceinline__ void for_each_acc(const TileInfo& ti, int c, int t, int rows, const float* be, F&& f) {
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    const int jj = wgmma::acc_row(t, 2 * h2), row = ti.y * BN + 64 * c + jj;
+    const bool ok = row < rows;
+    const float bias = ok && be ? be[row] : 0.0f;
+#pragma unroll
+    for (int q = 0; q < kAccN / 4; ++q)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const int i = 4 * q + 2 * h2 + b;
+        f(i, jj, ok, bias, wgmma::acc_col(t, i));
+      }
+  }
+}
+
 // The FC1 epilogue, computed where the accumulators are. Thread t of consumer c holds D rows
 // 16·warp + g and + 8 (g = lane / 4) of its 64 × 256 block for routed rows acc_col(t, i).
 //   Gated: the tile's virtual rows are interleaved by 8 (the pre-pass writes them so), so those two
@@ -276,22 +297,12 @@ __device__ __forceinline__ void fc1_finish(const MoeGemmParams& p, const TileInf
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       ptx::mbar_wait(&sm.h_empty, (u & 1) ^ 1, wd, dynamic::kWaitStagingFree, static_cast<int>(u));
-      if (c == half) {
-#pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          const int jj = 16 * warp + g + 8 * h2, row = ti.y * BN + 64 * c + jj;
-          const bool ok = row < p.w_rows;
-          const float bias = ok && be ? be[row] : 0.0f;
-#pragma unroll
-          for (int q = 0; q < kAccN / 4; ++q)
-#pragma unroll
-            for (int b = 0; b < 2; ++b) {
-              const float x = alpha * acc[4 * q + 2 * h2 + b] + bias;
-              const float h = apply_activation<float>(Activation::kRelu2, x, 0.0f, p.sw_alpha, p.sw_beta, p.sw_limit);
-              sm.h[h_offset(8 * q + 2 * l4 + b, jj)] = ok ? __bfloat16_as_ushort(__float2bfloat16_rn(h)) : uint16_t{0};
-            }
-        }
-      }
+      if (c == half)
+        for_each_acc<kAccN>(ti, c, t, p.w_rows, be, [&](int i, int jj, bool ok, float bias, int n) {
+          const float x = alpha * acc[i] + bias;
+          const float h = apply_activation<float>(Activation::kRelu2, x, 0.0f, p.sw_alpha, p.sw_beta, p.sw_limit);
+          sm.h[h_offset(n, jj)] = ok ? __bfloat16_as_ushort(__float2bfloat16_rn(h)) : uint16_t{0};
+        });
       ptx::mbar_arrive(&sm.h_full);
       ++u;
     }
@@ -309,20 +320,11 @@ __device__ __forceinline__ void fc2_finish(const MoeGemmParams& p, const TileInf
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
   const float alpha = p.alpha[ti.e];
   const float* be = p.bias ? p.bias + static_cast<int64_t>(ti.e) * p.w_rows : nullptr;
-#pragma unroll
-  for (int h2 = 0; h2 < 2; ++h2) {
-    const int col = ti.y * BN + 64 * c + wgmma::acc_row(t, 2 * h2);
-    const bool ok = col < p.hidden;
-    const float bias = ok && be ? be[col] : 0.0f;
-#pragma unroll
-    for (int q = 0; q < kAccN / 4; ++q)
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        const int i = 4 * q + 2 * h2 + b, n = wgmma::acc_col(t, i);
-        if (ok && n < ti.valid)
-          p.y[static_cast<int64_t>(ti.row0 + n) * p.hidden + col] = sm.rw[n] * (alpha * acc[i] + bias);
-      }
-  }
+  const int col0 = ti.y * BN + 64 * c;
+  for_each_acc<kAccN>(ti, c, t, p.hidden, be, [&](int i, int jj, bool ok, float bias, int n) {
+    if (ok && n < ti.valid)
+      p.y[static_cast<int64_t>(ti.row0 + n) * p.hidden + col0 + jj] = sm.rw[n] * (alpha * acc[i] + bias);
+  });
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
 }
 
