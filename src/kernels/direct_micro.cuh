@@ -307,6 +307,10 @@ __device__ __forceinline__ void mma_stage(const StreamStage<kS, kU, kG>& st, con
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
     if (kt0 + u >= KT) break;
+    F16Scales f16s[kS];  // the f16 path's scales, converted once per tile
+    if constexpr (kF16)
+#pragma unroll
+      for (int s = 0; s < kS; ++s) f16s[s] = frag_scales_f16(st.slo[u][s], st.shi[u][s]);
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
 #pragma unroll
@@ -314,7 +318,7 @@ __device__ __forceinline__ void mma_stage(const StreamStage<kS, kU, kG>& st, con
         const uint4& v = st.wv[u][s];
         const uint32_t word = t == 0 ? v.x : t == 1 ? v.y : t == 2 ? v.z : v.w;
         uint32_t a[4];
-        if constexpr (kF16) frag_a_f16(word, st.slo[u][s], st.shi[u][s], t, a);
+        if constexpr (kF16) frag_a_f16(word, f16s[s], t, a);
         else frag_a_bf16(lut, word, st.slo[u][s], st.shi[u][s], t, a);
 #pragma unroll
         for (int q = 0; q < kG; ++q) {

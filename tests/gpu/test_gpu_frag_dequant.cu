@@ -42,7 +42,7 @@ __global__ void frag_dequant_kernel(const uint4* codes, const uint8_t* scales, i
     kernels::frag_a_bf16(lut, words[t], slo, shi, t, a);
     for (int r = 0; r < 4; ++r) bf16[out + 4 * t + r] = a[r];
     if (nvfp4) {
-      kernels::frag_a_f16(words[t], slo, shi, t, a);
+      kernels::frag_a_f16(words[t], kernels::frag_scales_f16(slo, shi), t, a);
       for (int r = 0; r < 4; ++r) f16[out + 4 * t + r] = a[r];
     }
   }

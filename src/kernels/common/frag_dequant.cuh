@@ -50,14 +50,33 @@ __device__ __forceinline__ uint32_t hmul2_bf16_bits(uint32_t a, uint32_t b) {
   return *reinterpret_cast<uint32_t*>(&r);
 }
 
+// The f16 path's block scales of one tile (NVFP4: E4M3 bytes, slo / shi as frag_scales returns them),
+// converted once per tile: s[0] = rows g, k16 steps (0, 1); s[1] = rows g, steps (2, 3); s[2], s[3]
+// the same for rows g+8. Two E4M3x2 → f16x2 conversions per row, against one PRMT and one conversion
+// per row and step when each step converted its own.
+struct F16Scales {
+  uint32_t s[4];
+};
+__device__ __forceinline__ F16Scales frag_scales_f16(uint32_t slo, uint32_t shi) {
+  return {{ptx::e4m3x2_to_f16x2<false>(slo), ptx::e4m3x2_to_f16x2<true>(slo), ptx::e4m3x2_to_f16x2<false>(shi),
+           ptx::e4m3x2_to_f16x2<true>(shi)}};
+}
+// Half h of the f16x2 word w in both halves; with a constant h, ptxas can fold it into the HMUL2's
+// operand (.H0_H0 / .H1_H1) rather than spend a PRMT.
+__device__ __forceinline__ uint32_t f16_broadcast(uint32_t w, int h) {
+  const __half2 v = *reinterpret_cast<const __half2*>(&w);
+  const __half2 r = h ? __high2half2(v) : __low2half2(v);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
 // k16 step t, f16 (NVFP4 weights only): each value is code × block scale × 2^-6 (the caller multiplies
 // its fp32 result by 2^6). E2M1 nibble (s e1 e0 m) → E4M3 byte (s 0 0 e1 e0 m 0 0), whose value is the
-// code × 2^-6, then one exact E4M3x2 → f16x2 conversion per register.
-__device__ __forceinline__ void frag_a_f16(uint32_t word, uint32_t slo, uint32_t shi, int t, uint32_t (&a)[4]) {
+// code × 2^-6, then one exact E4M3x2 → f16x2 conversion per register; sc from frag_scales_f16.
+__device__ __forceinline__ void frag_a_f16(uint32_t word, const F16Scales& sc, int t, uint32_t (&a)[4]) {
   const uint32_t lo = e2m1_lo_as_e4m3(word), hi = e2m1_hi_as_e4m3(word);  // k, k + 1 of each byte
   const uint32_t x01 = ptx::prmt(lo, hi, 0x5140), x23 = ptx::prmt(lo, hi, 0x7362);
-  const uint32_t s_lo = ptx::e4m3x2_to_f16x2<false>(ptx::prmt(slo, 0, t * 0x11));  // (s, s)
-  const uint32_t s_hi = ptx::e4m3x2_to_f16x2<false>(ptx::prmt(shi, 0, t * 0x11));
+  const uint32_t s_lo = f16_broadcast(sc.s[t >> 1], t & 1);  // (s, s) of row g
+  const uint32_t s_hi = f16_broadcast(sc.s[2 + (t >> 1)], t & 1);
   a[0] = hmul2_f16_bits(ptx::e4m3x2_to_f16x2<false>(x01), s_lo);  // row g,   k 2c
   a[1] = hmul2_f16_bits(ptx::e4m3x2_to_f16x2<true>(x01), s_hi);   // row g+8, k 2c
   a[2] = hmul2_f16_bits(ptx::e4m3x2_to_f16x2<false>(x23), s_lo);  // row g,   k 2c+8
