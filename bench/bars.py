@@ -60,7 +60,7 @@ def main():
     chosen = {}
     for i, path in enumerate(args.jsonl):
         for r in read_rows(path):
-            key = (r["model"], r["format"], r["mode"], r["tokens"], bool(r.get("bias")))
+            key = benchjsonl.point(r)
             if args.same_path and key in chosen and chosen[key][0]["backend"] != r["backend"]:
                 continue
             chosen[key] = (r, i)

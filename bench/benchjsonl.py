@@ -21,3 +21,15 @@ def read(path):
             elif obj.get("type") == "row":
                 rows.append(obj)
     return headers, rows
+
+
+def point(r):
+    """A row's point: (model, format, mode, T, bias); runs of other trees or days are compared by it."""
+    return (r["model"], r["format"], r["mode"], r["tokens"], bool(r.get("bias")))
+
+
+def backend_split(r):
+    """(backend, path): a row's backend may carry the path it took in parentheses ("dynamic (bf16 copy)");
+    path is "" without one."""
+    name, _, path = r["backend"].partition(" (")
+    return name, path[:-1] if path else ""

@@ -21,7 +21,7 @@ def points(path):
     for r in benchjsonl.read(path)[1]:
         if r.get("status", "ok") != "ok" or r.get("time_us") is None:
             continue
-        key = (r["model"], r["format"], r["mode"], r["tokens"], bool(r.get("bias")), r["backend"].split(" (")[0])
+        key = benchjsonl.point(r) + (benchjsonl.backend_split(r)[0],)
         out[key] = r
     return out
 
@@ -50,9 +50,9 @@ def main():
             if r is None:
                 cells.append("—")
                 continue
-            path = r["backend"][len(k[5]):].strip()
+            path = benchjsonl.backend_split(r)[1]
             same = base is not None and base["backend"] == r["backend"]
-            cells.append(f"{r['time_us']:.1f}" + ("" if same or not path else f" {path}"))
+            cells.append(f"{r['time_us']:.1f}" + ("" if same or not path else f" ({path})"))
         for i, run in enumerate(runs[1:]):
             r = run.get(k)
             if base is None or r is None:

@@ -44,7 +44,7 @@ def main():
     # A backend's rows may carry the path it took in parentheses ("dynamic (bf16 copy)"): one line per
     # backend, the annotated points drawn hollow.
     def backend(r):
-        return r["backend"].split(" (")[0]
+        return benchjsonl.backend_split(r)[0]
     variants = sorted({(r["format"], r["mode"]) for r in rows})
     # Forced backends are compared on the same points; kAuto rows (whatever backend each point ran)
     # stay one line per model.
@@ -64,7 +64,7 @@ def main():
     styles = ["-", "--", ":", "-."]
     colours = {}
     top = max(100 * e for pts in series.values() for _, e, _ in pts)
-    annotations = sorted({r["backend"].split(" (", 1)[1][:-1] for r in rows if " (" in r["backend"]})
+    annotations = sorted({benchjsonl.backend_split(r)[1] for r in rows} - {""})
     for ax, variant in zip(axes[0], variants):
         for (v, label) in sorted(k for k in series if k[0] == variant):
             pts = sorted(series[(v, label)])
