@@ -333,30 +333,6 @@ __device__ __forceinline__ void mma_stage(const StreamStage<kS, kU, kG>& st, con
   }
 }
 
-// How far ahead of its register loads a warp asks L2 for its weight tiles, in k-tiles per stream:
-// 16 tile-streams (8 KB of codes) per warp, 19 MB over a full grid of 264 CTAs, a third of the H200's
-// L2. The register stages hold at most 4 KB per warp; the prefetches keep HBM busy while the warps
-// dequantise and multiply.
-template <int kS>
-inline constexpr int kPrefetchTiles = 16 / kS;
-
-// Asks L2 for k-tiles [kt_begin, min(kt_end, KT)) of a warp's kS weight streams (codes, one 16-byte
-// piece per lane, and scale bytes) starting at w[s] / sc[s], sb scale bytes per row per tile. Every
-// lane takes part: the addresses are per lane, so a single lane's bulk prefetch would compile to a
-// loop over the lanes.
-template <int kS>
-__device__ __forceinline__ void prefetch_streams(const uint4* const (&w)[kS], const uint8_t* const (&sc)[kS], int sb,
-                                                 int kt_begin, int kt_end, int KT) {
-  const int lane = threadIdx.x & 31;
-  kt_end = min(kt_end, KT);
-  for (int kt = kt_begin; kt < kt_end; ++kt)
-#pragma unroll
-    for (int s = 0; s < kS; ++s) {
-      ptx::prefetch_l2(w[s] + kt * 32 + lane);
-      ptx::prefetch_l2(sc[s] + kt * 16 * sb);
-    }
-}
-
 // Streams kS weight row tiles of one expert over KT k-tiles against kG groups of routed rows. One
 // stream (FC2): two register stages of kU k-tiles each, the next stage's loads issued before the
 // current stage's dequantisation and MMAs, so a warp's load latency overlaps its own arithmetic (the loop is
@@ -371,16 +347,11 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem<kF16>& s
   // frag_scales' MX spreading drops out of its loop.
   const int sb = kF16 ? 4 : 64 / p.block;
   const FragLut lut = frag_lut(tables(sm));  // bf16 path only (the f16 launch has no tables)
-  // L2 prefetch kPrefetchTiles ahead of the register loads: the first stage is loaded at once, the
-  // tiles after it asked for here, and each later stage's load asks for the tiles kPf further on.
-  constexpr int kPf = kPrefetchTiles<kS>;
-  prefetch_streams(w, sc, sb, kU, kU + kPf, KT);
   // Two stages of FC1's tiles (kS = 2 or 4 streams) spill 100-140 bytes under the 128-register
   // bound of two CTAs per SM; FC2's single stream fits with either route-group count.
   if constexpr (kS > 1) {  // one stage, loaded then used
     for (int kt0 = 0; kt0 < KT; kt0 += kU) {
       StreamStage<kS, kU, kG> st;
-      if (kt0 > 0) prefetch_streams(w, sc, sb, kt0 + kPf, kt0 + kPf + kU, KT);
       load_stage(st, w, sc, sb, KT, brow, kt0);
       mma_stage<kS, kU, kG, kF16>(st, lut, KT, kt0, acc);
     }
@@ -388,74 +359,13 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem<kF16>& s
     StreamStage<kS, kU, kG> s0, s1;
     load_stage(s0, w, sc, sb, KT, brow, 0);
     for (int kt0 = 0; kt0 < KT; kt0 += 2 * kU) {  // warp-uniform
-      if (kt0 + kU < KT) {
-        prefetch_streams(w, sc, sb, kt0 + kU + kPf, kt0 + 2 * kU + kPf, KT);
-        load_stage(s1, w, sc, sb, KT, brow, kt0 + kU);
-      }
+      if (kt0 + kU < KT) load_stage(s1, w, sc, sb, KT, brow, kt0 + kU);
       mma_stage<kS, kU, kG, kF16>(s0, lut, KT, kt0, acc);
       if (kt0 + kU >= KT) break;
-      if (kt0 + 2 * kU < KT) {
-        prefetch_streams(w, sc, sb, kt0 + 2 * kU + kPf, kt0 + 3 * kU + kPf, KT);
-        load_stage(s0, w, sc, sb, KT, brow, kt0 + 2 * kU);
-      }
+      if (kt0 + 2 * kU < KT) load_stage(s0, w, sc, sb, KT, brow, kt0 + 2 * kU);
       mma_stage<kS, kU, kG, kF16>(s1, lut, KT, kt0 + kU, acc);
     }
   }
-}
-
-// K-tiles per register stage of stream_gemm for kG route groups per pass: two with one group, one
-// with two (the B fragments of the second group take the registers).
-template <int kG>
-inline constexpr int kStageTiles = kG == 1 ? 2 : 1;
-
-// One warp's share of an item: kS weight streams from k-tile kt0 on (code and scale pointers of
-// that tile), nkt k-tiles long (≤ 0: the warp has none).
-template <int kS>
-struct WarpStreams {
-  const uint4* w[kS];
-  const uint8_t* sc[kS];
-  int kt0, nkt;
-};
-
-// FC1 item (expert e, intermediate columns [32·cb, 32·cb + 32)) as warp `warp` streams it: kS row
-// tiles (up 2cb, 2cb + 1, then the gate half's same tiles past i_pad when gated) over the warp's
-// k-tiles of H.
-template <int kS>
-__device__ __forceinline__ WarpStreams<kS> fc1_streams(const Params& p, int e, int cb, int warp) {
-  const int KT = p.h_pad / 64, RT = (kS == 4 ? 2 * p.i_pad : p.i_pad) / 16, sb = 64 / p.block;
-  const int per = (KT + kWarps - 1) / kWarps;
-  WarpStreams<kS> st;
-  st.kt0 = warp * per;
-  st.nkt = min(KT, st.kt0 + per) - st.kt0;
-#pragma unroll
-  for (int s = 0; s < kS; ++s) {
-    const int rt = (s >= 2 ? p.i_pad / 16 : 0) + 2 * cb + (s & 1);
-    const int64_t tile = (static_cast<int64_t>(e) * RT + rt) * KT + max(st.kt0, 0);
-    st.w[s] = p.w13 + tile * 32;
-    st.sc[s] = p.s13 + tile * 16 * sb;
-  }
-  return st;
-}
-
-// FC2 unit (expert e, output rows [16·rt, 16·rt + 16), k-chunk kc of KC) as one warp streams it.
-__device__ __forceinline__ WarpStreams<1> fc2_stream(const Params& p, int e, int rt, int kc, int KC) {
-  const int KT = p.i_pad / 64, RT = p.h_pad / 16, sb = 64 / p.block;
-  const int per = (KT + KC - 1) / KC;
-  WarpStreams<1> st;
-  st.kt0 = kc * per;
-  st.nkt = min(KT, st.kt0 + per) - st.kt0;  // ≥ 1 (k_chunk_count)
-  const int64_t tile = (static_cast<int64_t>(e) * RT + rt) * KT + st.kt0;
-  st.w[0] = p.w2 + tile * 32;
-  st.sc[0] = p.s2 + tile * 16 * sb;
-  return st;
-}
-
-// Asks L2 for what stream_gemm loads first from a warp's streams: its first register stage and the
-// prefetch window after it. Issued early, while the CTA waits on something else (phase 0 and the grid
-// barrier before FC1, the barrier before FC2), so the first loads of a phase hit L2.
-template <int kG, int kS>
-__device__ __forceinline__ void prefetch_head(const Params& p, const WarpStreams<kS>& st) {
-  prefetch_streams(st.w, st.sc, 64 / p.block, 0, kStageTiles<kG> + kPrefetchTiles<kS>, st.nkt);
 }
 
 // This lane's B row for each route group of the pass starting at list position `base`: the row of
@@ -476,20 +386,30 @@ __device__ __forceinline__ void group_rows(const Params& p, const SmemT<kR>& sm,
 // [w·per, (w+1)·per) of H; the CTA adds the 8 partial sums in warp order.
 template <int kG, bool kGated, bool kF16>
 __device__ void fc1_item(const Params& p, Smem<kF16>& sm, int u, int cb) {
-  constexpr int kS = kGated ? 4 : 2, kU = kStageTiles<kG>, kRoutes = 8 * kG;
+  constexpr int kS = kGated ? 4 : 2, kU = kG == 1 ? 2 : 1, kRoutes = 8 * kG;  // k-tiles per stage
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int e = sm.touched[u];
   const int begin = sm.start[u], end = sm.start[u + 1];
-  const int n1 = kGated ? 2 * p.i_pad : p.i_pad;
-  const WarpStreams<kS> st = fc1_streams<kS>(p, e, cb, warp);
+  const int KT = p.h_pad / 64, n1 = kGated ? 2 * p.i_pad : p.i_pad, RT = n1 / 16;
+  const int per = (KT + kWarps - 1) / kWarps, kt0 = warp * per, nkt = min(KT, kt0 + per) - kt0;
+  const int sb = 64 / p.block;
+  const uint4* w[kS];
+  const uint8_t* sc[kS];
+#pragma unroll
+  for (int s = 0; s < kS; ++s) {
+    const int rt = (s >= 2 ? p.i_pad / 16 : 0) + 2 * cb + (s & 1);
+    const int64_t tile = (static_cast<int64_t>(e) * RT + rt) * KT + max(kt0, 0);
+    w[s] = p.w13 + tile * 32;
+    sc[s] = p.s13 + tile * 16 * sb;
+  }
   for (int base = begin; base < end; base += kRoutes) {
     unsigned long long t0 = p.trace != nullptr ? now_ns() : 0;
     const int n_routes = min(kRoutes, end - base);
     float acc[kS][kG][4] = {};
-    if (st.nkt > 0) {
+    if (nkt > 0) {
       const __nv_bfloat16* brow[kG];
-      group_rows<kG>(p, sm, p.a1 + st.kt0 * 64, p.h_pad, base, end, brow);
-      stream_gemm<kS, kU, kG, kF16>(p, sm, st.w, st.sc, st.nkt, brow, acc);
+      group_rows<kG>(p, sm, p.a1 + kt0 * 64, p.h_pad, base, end, brow);
+      stream_gemm<kS, kU, kG, kF16>(p, sm, w, sc, nkt, brow, acc);
     }
     // accumulator (s, q, i): weight row 16·(s&1) + g + 8·(i/2) of the up (s < 2) or gate half,
     // route base + 8q + 2c + i%2.
@@ -560,21 +480,26 @@ __device__ __forceinline__ float route_sum(const SmemT<kR>& sm, int routes, int 
 // the same arithmetic however the item is split.
 template <int kG, bool kF16>
 __device__ void fc2_item(const Params& p, Smem<kF16>& sm, int rt, int part, int KC) {
-  constexpr int kU = kStageTiles<kG>, kRoutes = 8 * kG;
+  constexpr int kU = kG == 1 ? 2 : 1, kRoutes = 8 * kG;  // k-tiles per stage (two stages)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   unsigned long long t0 = p.trace != nullptr ? now_ns() : 0;
-  const int nt = sm.num_touched;
+  const int KT = p.i_pad / 64, RT = p.h_pad / 16, nt = sm.num_touched;
   const int u0 = part * nt / p.fc2_parts, u1 = (part + 1) * nt / p.fc2_parts;
+  const int per = (KT + KC - 1) / KC;
+  const int sb = 64 / p.block;
   for (int unit = warp; unit < (u1 - u0) * KC; unit += kWarps) {
     const int u = u0 + unit / KC, kc = unit % KC;
-    const int begin = sm.start[u], end = sm.start[u + 1];
-    const WarpStreams<1> st = fc2_stream(p, sm.touched[u], rt, kc, KC);
+    const int e = sm.touched[u], begin = sm.start[u], end = sm.start[u + 1];
+    const int kt0 = kc * per, nkt = min(KT, kt0 + per) - kt0;  // ≥ 1 (k_chunk_count)
+    const int64_t tile0 = (static_cast<int64_t>(e) * RT + rt) * KT + kt0;
+    const uint4* w[1] = {p.w2 + tile0 * 32};
+    const uint8_t* sc[1] = {p.s2 + tile0 * 16 * sb};
     float* slots = &sm.u.fc2[kc * p.routes][0];
     for (int base = begin; base < end; base += kRoutes) {
       const __nv_bfloat16* brow[kG];
-      group_rows<kG>(p, sm, p.a2 + st.kt0 * 64, p.i_pad, base, end, brow);
+      group_rows<kG>(p, sm, p.a2 + kt0 * 64, p.i_pad, base, end, brow);
       float acc[1][kG][4] = {};
-      stream_gemm<1, kU, kG, kF16>(p, sm, st.w, st.sc, st.nkt, brow, acc);
+      stream_gemm<1, kU, kG, kF16>(p, sm, w, sc, nkt, brow, acc);
 #pragma unroll
       for (int q = 0; q < kG; ++q)
 #pragma unroll
@@ -646,12 +571,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   if (!kF16) fill_frag_tables(tables(sm), p.nvfp4, threadIdx.x >> 5, kWarps);
   build_routing(p, sm);
   const int nt = sm.num_touched;
-  const int C32 = p.i_pad / 32, warp = threadIdx.x >> 5;
-  if (static_cast<int>(blockIdx.x) < nt * C32) {  // the CTA's first FC1 item
-    const int e = sm.touched[blockIdx.x / C32], cb = blockIdx.x % C32;
-    if (p.gated) prefetch_head<kG>(p, fc1_streams<4>(p, e, cb, warp));
-    else prefetch_head<kG>(p, fc1_streams<2>(p, e, cb, warp));
-  }
   stamp(p, 1);
 
   // Phase 0: quantise each routed row of x with its expert's FC1 input scale, one warp per
@@ -670,24 +589,19 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
 
   // Phase 1: FC1 + epilogue per (expert, 32 intermediate columns), expert-major so neighbouring
   // CTAs stream neighbouring weight rows.
+  const int C32 = p.i_pad / 32;
   where(p, 1, blockIdx.x < nt * C32 ? (nt * C32 - 1 - blockIdx.x) / gridDim.x + 1 : 0);
   for (int item = blockIdx.x; item < nt * C32; item += gridDim.x) {
     if (p.gated) fc1_item<kG, true, kF16>(p, sm, item / C32, item % C32);
     else fc1_item<kG, false, kF16>(p, sm, item / C32, item % C32);
-  }
-  // The CTA's first FC2 item: each warp's first unit, asked of L2 before the barrier's wait.
-  const int KC2 = fc2_chunks(nt, p.i_pad / 64, p.routes, Smem<kF16>::kFc2Slots);
-  const int items2 = p.h_pad / 16 * p.fc2_parts;
-  if (static_cast<int>(blockIdx.x) < items2) {
-    const int rt = blockIdx.x / p.fc2_parts, part = blockIdx.x % p.fc2_parts;
-    const int u0 = part * nt / p.fc2_parts, u1 = (part + 1) * nt / p.fc2_parts;
-    if (warp < (u1 - u0) * KC2) prefetch_head<kG>(p, fc2_stream(p, sm.touched[u0 + warp / KC2], rt, warp % KC2, KC2));
   }
   stamp(p, 4);
   grid_sync(p.barrier);
   stamp(p, 5);
 
   // Phase 2: FC2 + top-k sum per 16 output columns.
+  const int KC2 = fc2_chunks(nt, p.i_pad / 64, p.routes, Smem<kF16>::kFc2Slots);
+  const int items2 = p.h_pad / 16 * p.fc2_parts;
   where(p, 2, static_cast<int>(blockIdx.x) < items2 ? (items2 - 1 - blockIdx.x) / gridDim.x + 1 : 0);
   for (int item = blockIdx.x; item < items2; item += gridDim.x)
     fc2_item<kG, kF16>(p, sm, item / p.fc2_parts, item % p.fc2_parts, KC2);

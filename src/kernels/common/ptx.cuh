@@ -30,13 +30,6 @@ __device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, uint
                : "memory");
 }
 
-// Asks L2 for the line holding `gmem` and returns at once (no register, no completion). A warp's 32
-// lanes on one 512-byte tile make four line requests, like a coalesced load. Later loads of the
-// line hit L2 or merge with the fetch in flight.
-__device__ __forceinline__ void prefetch_l2(const void* gmem) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem));
-}
-
 // Tensor copy (sm_90 TMA, 2-D tensor map): the box at element coordinates (c0, c1) of the map's
 // tensor (c0 the contiguous dimension) → shared memory at `smem`, laid out and swizzled as the map
 // says (a 128B swizzle needs `smem` 1024-byte aligned); elements outside the tensor arrive as zeros.
