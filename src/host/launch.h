@@ -43,10 +43,12 @@ struct GenericWorkspace {
 void launch_generic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a);
 
 // The generic path's pieces that other backends reuse with the same workspace (launch_generic.cu):
-// routing pre-pass with m-tiles of tile_m rows (tile_m >= kMinTileM), gather-quantise into A1,
-// the top-k sum of Y into out, and the GEMM parameters of FC1 (fc1) or FC2.
+// routing pre-pass with m-tiles of tile_m rows (tile_m >= kMinTileM), gather-quantise into A1 (as f16
+// with a1_f16: dynamic's NVFP4-a4 register path), the top-k sum of Y into out, and the GEMM
+// parameters of FC1 (fc1) or FC2.
 void launch_route(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, int tile_m);
-void launch_gather_quantize(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a);
+void launch_gather_quantize(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a,
+                            bool a1_f16 = false);
 void launch_combine(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a);
 kernels::MoeGemmParams moe_gemm_params(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws,
                                        const RunArgs& a, bool fc1);

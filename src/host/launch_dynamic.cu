@@ -92,13 +92,18 @@ void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace
   const bool bf16 = dynamic_uses_bf16(c, ws, a.tokens);
   const int tile_m = bf16 ? dynamic_bf16_tile_m() : dynamic_tile_m(a.tokens * c.top_k, c.local_count());
   const int64_t tiles = max_tiles(a.tokens * c.top_k, c.local_count(), tile_m);
+  // NVFP4-a4 on the register path: A1 and A2 in f16 and the f16 kernels (dynamic.cuh, kF16).
+  const bool f16 = !bf16 && kernels::quant_kind(c.format, c.mode) == kernels::QuantKind::kNvfp4;
   launch_route(c, gws, a, tile_m);
-  launch_gather_quantize(c, w, gws, a);
+  launch_gather_quantize(c, w, gws, a, f16);
   if (bf16) {
     launch_dynamic_bf16_groups(c, w, gws, ws, a, tiles);
   } else {
-    launch_gemm(ws, moe_gemm_params(c, w, gws, a, true), true, tiles, tile_m, nullptr, a.stream);
-    launch_gemm(ws, moe_gemm_params(c, w, gws, a, false), false, tiles, tile_m, nullptr, a.stream);
+    for (const bool fc1 : {true, false}) {
+      kernels::MoeGemmParams p = moe_gemm_params(c, w, gws, a, fc1);
+      p.f16 = f16;
+      launch_gemm(ws, p, fc1, tiles, tile_m, nullptr, a.stream);
+    }
   }
   launch_combine(c, gws, a);
 }

@@ -149,11 +149,12 @@ __device__ __forceinline__ TileInfo tile_info(const MoeGemmParams& p, int w, int
 // column, kLdc floats per row) → the FC1 or FC2 epilogue over both consumers (named barrier 1 over
 // their 256 threads; t: this thread in its warpgroup, ct: among both).
 // rws (FC2): the tile's router weights in shared memory, written before this call (fc2_store_rows).
-template <bool kFc1, int BM>
+// kF16: the weights were read as code × scale × 2^-6 (frag_a_f16), so alpha is taken × 2^6 (exact).
+template <bool kFc1, int BM, bool kF16>
 __device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileInfo& ti, const float (&acc)[BM / 2],
                                             float* stage, int c, int t, int ct, const float* rws) {
   // acc element i is D[weight row 64c + acc_row(t, i)][routed row acc_col(t, i)] (wgmma_layout.h).
-  const float alpha = p.alpha[ti.e];
+  const float alpha = p.alpha[ti.e] * (kF16 ? 64.0f : 1.0f);
   float bias[2] = {0.0f, 0.0f};  // this thread's two weight rows: acc_row(t, i) for (i / 2) % 2 = 0, 1
   if (p.bias) {
     const float* be = p.bias + static_cast<int64_t>(ti.e) * p.w_rows;
@@ -298,13 +299,17 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem<BM>& sm, in
 // Consumer warpgroup c (0 or 1): weight rows [64c, 64c + 64) of each n-tile against all BM routed
 // rows of the m-tile. Every warp takes part in every wgmma (sync.aligned); a warp whose 16 weight rows
 // are past w_rows (last n-tile of a non-gated FC1 or of FC2) feeds zeros and reads no weights.
-template <bool kFc1, int BM>
+// kF16 (NVFP4 weights, NVFP4-a4 activations stored as f16): the weights become f16 A fragments by
+// bit moves and E4M3 conversions (frag_a_f16, ~18 instructions per k16 step and lane, no shared
+// loads) instead of the per-lane tables (frag_a_bf16: 6 LDS, their address IMADs and PRMTs; the
+// profile counted 68 instructions per HGMMA in all, NOTES session 11), and the wgmma reads f16.
+template <bool kFc1, int BM, bool kF16>
 __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM>& sm, int n_tiles, int work,
                                         const ptx::Watchdog& wd) {
   const int c = threadIdx.x / kWarpgroup - 1;
   const int t = threadIdx.x % kWarpgroup, warp = t >> 5, lane = t & 31;
   const int ct = threadIdx.x - kWarpgroup;  // 0..255: this thread among both consumers (epilogue)
-  const int ktiles = p.k_pad / BK, sb = 64 / p.block, j = 4 * c + warp;  // j: this warp's row tile
+  const int ktiles = p.k_pad / BK, sb = kF16 ? 4 : 64 / p.block, j = 4 * c + warp;  // j: this warp's row tile
   const uint32_t a_base = ptx::smem_addr(sm.a[0]);
   const FragLut lut = frag_lut(sm.tables);
   constexpr int kRing = Smem<BM>::kStages;
@@ -327,8 +332,14 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM>& sm, in
         uint32_t slo, shi;
         frag_scales(sm.ws[s][j], sb, slo, shi);
         const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+        if constexpr (kF16) {
+          const F16Scales f16s = frag_scales_f16(slo, shi);
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) frag_a_bf16(lut, words[ks], slo, shi, ks, a[ks]);
+          for (int ks = 0; ks < 4; ++ks) frag_a_f16(words[ks], f16s, ks, a[ks]);
+        } else {
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) frag_a_bf16(lut, words[ks], slo, shi, ks, a[ks]);
+        }
       } else {
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) a[ks][0] = a[ks][1] = a[ks][2] = a[ks][3] = 0u;
@@ -336,10 +347,13 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM>& sm, in
       ptx::fence_proxy_async_smem();  // the writers fenced; this one is belt and braces
       ptx::fence_operand(acc);
       ptx::wgmma_fence();
-      const uint32_t a_tile = a_base + s * wgmma::tile_bytes(BM);
+      // The stage's k16 steps lie constant offsets past its first: added to the descriptor's address
+      // field (16-byte units; shared addresses stay below 2^18, so nothing carries out of it) instead
+      // of building each descriptor (~5 uniform instructions per wgmma).
+      const uint64_t desc0 = wgmma::operand_desc(a_base + s * wgmma::tile_bytes(BM), BM, 0, 0);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        ptx::mma_m64nNk16_rs<BM>(acc, a[ks], wgmma::operand_desc(a_tile, BM, 0, ks), (kt | ks) != 0);
+        ptx::mma_m64nNk16_rs<BM, kF16>(acc, a[ks], desc0 + (wgmma::kmajor_offset(BM, 0, 16 * ks) >> 4), (kt | ks) != 0);
       ptx::wgmma_commit();
       ptx::fence_operand(acc);
       ptx::wgmma_wait<1>();  // stage kt - 1's group is done: its A set and tile are free
@@ -356,19 +370,20 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM>& sm, in
     ptx::mbar_arrive(&sm.empty[(it - 1) % kRing]);
 
     if (!kFc1 && ct < BM) sm.rw[ct] = rw;  // read after finish_tile's first barrier
-    finish_tile<kFc1, BM>(p, ti, acc, sm.c, c, t, ct, sm.rw);
+    finish_tile<kFc1, BM, kF16>(p, ti, acc, sm.c, c, t, ct, sm.rw);
   }
 }
 
 // n_tiles: weight n-tiles per m-tile (FC1 gated: i_pad / 64; otherwise ceil(w_rows / 128)).
 // watchdog: optional global int[ptx::kWatchdogReportInts], zeroed, that a pipeline wait past
 // ptx::kWatchdogNs fills (tests); null in production, where waits have no time limit.
-template <bool kFc1, int BM>
+// kF16 = p.f16 (the host launches the matching instance): consume's f16 variant, no tables to fill.
+template <bool kFc1, int BM, bool kF16>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(MoeGemmParams p, int n_tiles, int* watchdog) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem<BM>& sm = *reinterpret_cast<Smem<BM>*>(smem_raw);
   if (threadIdx.x == 0) init_pipeline<Smem<BM>::kStages>(sm.full, sm.empty, kWarpgroup, &sm.aborted);
-  fill_frag_tables(sm.tables, p.nvfp4, threadIdx.x >> 5, kThreads / 32);
+  if (!kF16) fill_frag_tables(sm.tables, p.nvfp4, threadIdx.x >> 5, kThreads / 32);
   __syncthreads();
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int work = *p.num_tiles * n_tiles;
@@ -380,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(MoeGemmParams p, int 
     produce<kFc1, BM>(p, sm, n_tiles, work, wd);
   } else {
     ptx::setmaxnreg_inc<232>();
-    consume<kFc1, BM>(p, sm, n_tiles, work, wd);
+    consume<kFc1, BM, kF16>(p, sm, n_tiles, work, wd);
   }
 }
 

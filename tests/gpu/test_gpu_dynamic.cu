@@ -19,6 +19,7 @@
 // The whole backend against the reference: tests/gpu/test_gpu_moe.cpp (kDynamic is in
 // expect_matches_reference's list; GpuDynamic.* are the issue #5 edge cases).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -230,8 +231,10 @@ std::string describe(const GemmCase& g) {
 // bf16_group > 0: the bf16 path (dynamic_bf16.cuh), experts dequantised and multiplied bf16_group
 // at a time through one copy buffer, the way launch_dynamic_bf16_groups runs them; its m-tiles are
 // dynamic_bf16::BM (256) routed rows; otherwise the register path's, with m-tiles of tile_m (32, 64
-// or 128) routed rows.
-void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int tile_m = 128) {
+// or 128) routed rows. f16 (NVFP4 only): the register path's f16 variant (MoeGemmParams::f16), the
+// activations uploaded as f16 (each random value rounded to f16 first, so the reference multiplies
+// exactly what the kernel reads).
+void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int tile_m = 128, bool f16 = false) {
   const int E = static_cast<int>(g.rows_per_expert.size()), N = g.n, K = g.k, bs = g.nvfp4 ? 16 : 32;
   const int BM = bf16_group > 0 ? kernels::dynamic_bf16::BM : tile_m;
   std::mt19937_64 rng(seed);
@@ -249,7 +252,16 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int til
   // every product and sum far from overflow (E4M3 2^-3 .. 2^3; UE8M0 2^-3 .. 2^3).
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<uint16_t> a(static_cast<size_t>(rows) * K);
-  for (auto& v : a) v = fmt::bf16_from_f32(normal(rng));
+  std::vector<double> af(a.size());  // the values the kernel reads
+  for (size_t i = 0; i < a.size(); ++i) {
+    const float v = normal(rng);
+    if (f16) {
+      const __half h = __float2half_rn(v);
+      a[i] = __half_as_ushort(h), af[i] = __half2float(h);
+    } else {
+      a[i] = fmt::bf16_from_f32(v), af[i] = fmt::f32_from_bf16(a[i]);
+    }
+  }
   std::vector<uint8_t> codes(static_cast<size_t>(E) * N * K / 2), scales(static_cast<size_t>(E) * N * (K / bs));
   for (auto& c : codes) c = static_cast<uint8_t>(rng());
   for (auto& s : scales)
@@ -283,6 +295,7 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int til
   p.s_frag = d_fscales.get();
   p.w_rows = N, p.k_pad = K;
   p.nvfp4 = g.nvfp4, p.block = bs;
+  p.f16 = f16;
   p.tile_expert = d_tile_expert.get(), p.tile_row0 = d_tile_row0.get(), p.num_tiles = d_num_tiles.get();
   p.expert_offset = d_offset.get();
   p.alpha = d_alpha.get();
@@ -324,8 +337,6 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int til
   // Wrong elements by consumer warpgroup (weight rows 64c.. of the n-tile), by 128-row part of the
   // m-tile (the bf16 path's epilogue parts) and by n-tile.
   std::vector<int64_t> bad_by_consumer(2, 0), bad_by_part((BM + 127) / 128, 0), bad_by_ntile((N + 127) / 128, 0);
-  std::vector<double> af(a.size());
-  for (size_t i = 0; i < a.size(); ++i) af[i] = fmt::f32_from_bf16(a[i]);
   for (int n = 0; n < N; ++n) {
     for (int r = 0; r < rows; ++r) {
       const int e = row_expert[r];
@@ -383,6 +394,25 @@ TEST(GpuDynamicGemm, MatchesCpuGemmOfDequantisedWeights) {
     for (int tile_m : {32, 64, 128}) {  // every m-tile the dispatcher picks (dynamic_tile_m)
       SCOPED_TRACE(describe(g) + " m-tiles of " + std::to_string(tile_m));
       run_gemm_case(g, seed++, 0, tile_m);
+    }
+}
+
+// The register path's f16 variant (NVFP4 weights with f16 activations: what dynamic runs for
+// NVFP4-a4), on the NVFP4 cases above and every m-tile width.
+TEST(GpuDynamicGemm, F16PathMatchesCpuGemmOfDequantisedWeights) {
+  REQUIRE_SM90();
+  const std::vector<GemmCase> cases = {
+      {true, {1}, 128, 64},
+      {true, {64}, 128, 128},
+      {true, {0, 130, 0, 127, 300}, 256, 704},
+      {true, {200, 17}, 128, 2880},
+      {true, {128, 129, 3}, 2880, 256},
+  };
+  uint64_t seed = 300;
+  for (const GemmCase& g : cases)
+    for (int tile_m : {32, 64, 128}) {
+      SCOPED_TRACE(describe(g) + " m-tiles of " + std::to_string(tile_m) + ", f16");
+      run_gemm_case(g, seed++, 0, tile_m, /*f16=*/true);
     }
 }
 

@@ -36,6 +36,9 @@ struct MoeGemmParams {
   __nv_bfloat16* w_bf16;
   const float* alpha;           // [E_local]
   const float* bias;            // [E_local][w_rows] or null
+  // The register path's NVFP4-a4 variant (dynamic.cuh, kF16): `a` and `a2` hold f16 instead of bf16
+  // (store_act8), the weights are read as f16 code × scale × 2^-6 and alpha is taken × 2^6.
+  bool f16;
   // FC1 epilogue
   bool gated;
   int i_pad;
@@ -128,7 +131,7 @@ __device__ __forceinline__ void fc1_epilogue_block(const MoeGemmParams& p, float
   __nv_bfloat16 q[kBlock];
   quant_dequant_block(p.q2, h, p.q2_scale[e], q);
 #pragma unroll
-  for (int i = 0; i < kBlock; i += 8) *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(q + i);
+  for (int i = 0; i < kBlock; i += 8) store_act8(dst + i, q + i, p.f16);
 }
 
 // FC1: staged rows [0, rows) of n-tile y → activation → bf16 → Q2 → A2[grow0 + r], one quantisation

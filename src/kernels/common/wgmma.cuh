@@ -95,7 +95,8 @@ __device__ __forceinline__ void mma_m64n256k16_bf16(float (&d)[128], uint64_t de
 }
 
 // D(64 × N, fp32) = A(64 × 16, registers) · B(16 × N: N rows × 16 k, shared, K-major)ᵀ +
-// (accumulate ? D : 0) for N = 32, 64 or 128; A and B bf16. A is this thread's
+// (accumulate ? D : 0) for N = 32, 64 or 128; A and B bf16, or both f16 (kF16: the NVFP4-a4 register
+// path, frag_a_f16). A is this thread's
 // fragment in the m16n8k16 layout of its warp's 16 rows (common/frag_dequant.cuh); the registers are
 // read asynchronously, so they must not change until a wgmma_wait covers this instruction's group.
 // d: N / 2 floats (acc_row / acc_col).
@@ -105,24 +106,38 @@ __device__ __forceinline__ void mma_m64n256k16_bf16(float (&d)[128], uint64_t de
     FP4MOE_WGMMA_D_REGS_0_15 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define FP4MOE_WGMMA_D16(i) FP4MOE_WGMMA_D8(i), FP4MOE_WGMMA_D8((i) + 8)
 #define FP4MOE_WGMMA_D32(i) FP4MOE_WGMMA_D16(i), FP4MOE_WGMMA_D16((i) + 16)
-// SHAPE: the instruction's; DREGS / DOPS: its accumulator registers and operands; A, DESC, ACC:
-// the operand numbers that follow them.
-#define FP4MOE_WGMMA_RS(SHAPE, DREGS, DOPS, A, DESC, ACC)                                             \
+// SHAPE: the instruction's; TYPES: its D.A.B types; DREGS / DOPS: its accumulator registers and
+// operands; A, DESC, ACC: the operand numbers that follow them.
+#define FP4MOE_WGMMA_RS(SHAPE, TYPES, DREGS, DOPS, A, DESC, ACC)                                      \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n"                                              \
-               "wgmma.mma_async.sync.aligned." SHAPE ".f32.bf16.bf16 {" DREGS "}, {" A "}, " DESC              \
+               "wgmma.mma_async.sync.aligned." SHAPE TYPES " {" DREGS "}, {" A "}, " DESC                      \
                ", p, 1, 1, 0;\n}\n"                                                                            \
                : DOPS                                                                                       \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
-template <int N>
+// kF16 picks the operand types: ".f32.f16.f16" or ".f32.bf16.bf16" (a literal in each branch: the
+// accumulator operand lists are macros of commas, so they cannot pass through a second macro).
+template <int N, bool kF16 = false>
 __device__ __forceinline__ void mma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                                 int accumulate) {
   static_assert(N == 32 || N == 64 || N == 128, "the register path's tile widths");
-  if constexpr (N == 128)
-    FP4MOE_WGMMA_RS("m64n128k16", FP4MOE_WGMMA_D_REGS_0_63, FP4MOE_WGMMA_D64(0), "%64, %65, %66, %67", "%68", "%69");
+  if constexpr (N == 128 && kF16)
+    FP4MOE_WGMMA_RS("m64n128k16", ".f32.f16.f16", FP4MOE_WGMMA_D_REGS_0_63, FP4MOE_WGMMA_D64(0), "%64, %65, %66, %67",
+                    "%68", "%69");
+  else if constexpr (N == 128)
+    FP4MOE_WGMMA_RS("m64n128k16", ".f32.bf16.bf16", FP4MOE_WGMMA_D_REGS_0_63, FP4MOE_WGMMA_D64(0),
+                    "%64, %65, %66, %67", "%68", "%69");
+  else if constexpr (N == 64 && kF16)
+    FP4MOE_WGMMA_RS("m64n64k16", ".f32.f16.f16", FP4MOE_WGMMA_D_REGS_0_31, FP4MOE_WGMMA_D32(0), "%32, %33, %34, %35",
+                    "%36", "%37");
   else if constexpr (N == 64)
-    FP4MOE_WGMMA_RS("m64n64k16", FP4MOE_WGMMA_D_REGS_0_31, FP4MOE_WGMMA_D32(0), "%32, %33, %34, %35", "%36", "%37");
+    FP4MOE_WGMMA_RS("m64n64k16", ".f32.bf16.bf16", FP4MOE_WGMMA_D_REGS_0_31, FP4MOE_WGMMA_D32(0), "%32, %33, %34, %35",
+                    "%36", "%37");
+  else if constexpr (kF16)
+    FP4MOE_WGMMA_RS("m64n32k16", ".f32.f16.f16", FP4MOE_WGMMA_D_REGS_0_15, FP4MOE_WGMMA_D16(0), "%16, %17, %18, %19",
+                    "%20", "%21");
   else
-    FP4MOE_WGMMA_RS("m64n32k16", FP4MOE_WGMMA_D_REGS_0_15, FP4MOE_WGMMA_D16(0), "%16, %17, %18, %19", "%20", "%21");
+    FP4MOE_WGMMA_RS("m64n32k16", ".f32.bf16.bf16", FP4MOE_WGMMA_D_REGS_0_15, FP4MOE_WGMMA_D16(0), "%16, %17, %18, %19",
+                    "%20", "%21");
 }
 #undef FP4MOE_WGMMA_RS
 #undef FP4MOE_WGMMA_D32
