@@ -12,9 +12,11 @@
 //                      scale bytes (8 × 16 rows × 64 / block), row tiles past w_rows zero-filled.
 //     warpgroups 1, 2  consumers: weight rows [64c, 64c + 64) of the n-tile, warp w the 16 rows
 //                      64c + 16w... Once the stage is full each lane reads its 16 bytes of codes (one
-//                      LDS.128) and its two scale words; dequantises them to bf16 A fragments
-//                      (common/frag_dequant.cuh: per-lane tables, exact); and issues 4 × wgmma
-//                      m64n128k16 with A from registers and B = the activation tile.
+//                      LDS.128) and its two scale words; dequantises them to A fragments
+//                      (common/frag_dequant.cuh, exact): f16 by bit moves and E4M3 conversions for
+//                      NVFP4-a4 (kF16; A1/A2 are then stored as f16), bf16 through per-lane tables
+//                      otherwise; and issues 4 × wgmma m64nBMk16 with A from registers and B = the
+//                      activation tile.
 //   Then the two consumers stage alpha·acc + bias transposed (routed row × weight column) and run
 //   the FC1 or FC2 epilogue of the tile together (named barrier over 256 threads).
 //   Stages: a ring of kStagesOf<BM> (activation tile, weight slice) pairs with mbarriers "full" (128
