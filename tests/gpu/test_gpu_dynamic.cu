@@ -14,7 +14,8 @@
 //                       Y = A · dequant(W)ᵀ; against a float64 CPU GEMM of the exactly dequantised
 //                       values. Several experts (some empty), row counts across m-tile boundaries,
 //                       N with a partial last n-tile, K of 1 to 45 stages (not multiples of the
-//                       4-stage ring), both formats, a grid smaller than the work (persistent loop).
+//                       4-stage ring), both formats, a grid smaller than the work (persistent loop);
+//                       the NVFP4 cases again on the f16 variant (f16 activations, f16 wgmma).
 //
 // The whole backend against the reference: tests/gpu/test_gpu_moe.cpp (kDynamic is in
 // expect_matches_reference's list; GpuDynamic.* are the issue #5 edge cases).
