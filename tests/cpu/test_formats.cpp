@@ -447,6 +447,44 @@ TEST(BF16, NaNStaysNaN) {
 // Packing
 // =================================================================================================
 
+// Whether v is exactly an IEEE binary16 value, from the format's definition: |v| ≤ 65504 and v a
+// multiple of 2^max(e − 11, −24), where 2^(e−1) ≤ |v| < 2^e (11 significant bits for normals,
+// subnormals multiples of 2^-24).
+namespace {
+bool exact_in_f16(double v) {
+  if (v == 0) return true;
+  if (!std::isfinite(v) || std::fabs(v) > 65504.0) return false;
+  int e = 0;
+  std::frexp(v, &e);
+  const double m = std::ldexp(v, -std::max(e - 11, -24));
+  return m == std::floor(m);
+}
+}  // namespace
+
+// The f16 paths (the NVFP4-a4 variants of direct_micro and of dynamic's register path: frag_a_f16,
+// store_act8) rest on this: every NVFP4 activation value (E2M1 code × E4M3 block scale; the global
+// scale is in alpha) and every weight value as frag_a_f16 reads it (code × scale × 2^-6) is an f16
+// value, so f16 tensor cores multiply the same numbers the bf16 ones would.
+TEST(F16, EveryNvfp4ValueIsExactInF16) {
+  EXPECT_TRUE(exact_in_f16(65504.0));
+  EXPECT_TRUE(exact_in_f16(std::ldexp(1.0, -24)));  // the smallest subnormal
+  EXPECT_FALSE(exact_in_f16(65520.0));
+  EXPECT_FALSE(exact_in_f16(1.0 + std::ldexp(1.0, -11)));  // 12 significant bits
+  EXPECT_FALSE(exact_in_f16(std::ldexp(1.0, -25)));
+  EXPECT_FALSE(exact_in_f16(3.0 * std::ldexp(1.0, -25)));
+  int checked = 0;
+  for (int c = 0; c < 16; ++c)
+    for (int s = 0; s < 256; ++s) {
+      const float scale = e4m3_decode(static_cast<uint8_t>(s));
+      if (std::isnan(scale)) continue;
+      const double v = double(e2m1_decode(static_cast<uint8_t>(c))) * double(scale);
+      EXPECT_TRUE(exact_in_f16(v)) << "activation: code " << c << " × scale byte " << s << " = " << v;
+      EXPECT_TRUE(exact_in_f16(std::ldexp(v, -6))) << "weight: code " << c << " × scale byte " << s << " × 2^-6";
+      ++checked;
+    }
+  EXPECT_EQ(checked, 16 * 254);  // every code with every finite scale byte (0x7F and 0xFF are NaN)
+}
+
 TEST(Packing, LowNibbleFirst) {
   for (int lo = 0; lo < 16; ++lo)
     for (int hi = 0; hi < 16; ++hi)
