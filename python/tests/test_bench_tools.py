@@ -1,0 +1,53 @@
+"""bench/bars.py on hand-made rows: which rows meet each part of the issues' bars (no GPU needed)."""
+import json
+import pathlib
+import subprocess
+import sys
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
+
+
+def row(model, mode, tokens, time_us, floor_us, peers):
+    return {"type": "row", "run": "t", "model": model, "format": "nvfp4", "mode": mode, "tokens": tokens,
+            "backend": "direct_micro", "time_us": time_us, "floor_us": floor_us,
+            "efficiency": floor_us / time_us, "peers": peers, "status": "ok"}
+
+
+def bars(tmp_path, kind, rows):
+    src = tmp_path / "rows.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in [{"type": "run", "run": "t"}, *rows]) + "\n")
+    out = tmp_path / "table.md"
+    done = subprocess.run([sys.executable, str(BENCH / "bars.py"), kind, str(src), "-o", str(out)],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.strip(), out.read_text()
+
+
+def test_decode_whole_bar_needs_the_run_peer_and_the_protocol_peers(tmp_path):
+    rows = [
+        # floor + 10 = 14.7: met; faster than the run's peer and than vLLM fp8's 25.6 µs (protocol)
+        row("qwen3-30b-a3b", "a4", 1, 14.0, 4.7, {"cublas_bf16": 100.0}),
+        # over floor + 10, and slower than the protocol's 25.6
+        row("qwen3-30b-a3b", "a16", 1, 26.0, 4.7, {"cublas_bf16": 100.0}),
+        # efficiency 0.87 ≥ 0.75; the protocol lists no figure at T = 2: no condition from it
+        row("deepseek-v3", "a4", 2, 100.0, 87.4, {"cublas_bf16": 500.0}),
+        # efficiency met, but no peer in the run: cannot be shown faster
+        row("mixtral-8x7b", "a4", 1, 50.0, 43.7, {}),
+        # efficiency 0.76 and faster than the run's peer, but slower than triton_kernels' 787 µs
+        row("deepseek-v3", "a4", 16, 790.0, 600.0, {"cublas_bf16": 3000.0}),
+    ]
+    said, table = bars(tmp_path, "decode", rows)
+    assert said.endswith("5 rows, 4 meet the efficiency bar, 2 the whole bar"), said
+    assert "25.6 (vllm_fp8)" in table
+    assert "Whole bar met (efficiency, the run's peer, the protocol's peers): 2." in table
+
+
+def test_prefill_compares_each_mode_with_peers_of_its_precision(tmp_path):
+    rows = [
+        row("qwen3-30b-a3b", "a4", 1024, 300.0, 200.0, {"cublas_bf16": 400.0}),  # bf16 math
+        row("qwen3-30b-a3b", "a8", 1024, 300.0, 200.0, {"cublas_bf16": 400.0}),  # fp8 math
+    ]
+    said, table = bars(tmp_path, "prefill", rows)
+    lines = {l.split("|")[3].strip(): l for l in table.splitlines() if l.startswith("| qwen3-30b-a3b")}
+    assert "363.5 (triton_kernels_mxfp4)" in lines["a4"] and "| faster |" in lines["a4"]
+    assert "243.7 (vllm_fp8)" in lines["a8"] and "| slower |" in lines["a8"]
+    assert said.endswith("2 rows, 2 meet the efficiency bar, 1 the whole bar"), said
