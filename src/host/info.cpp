@@ -2,6 +2,7 @@
 #include <cuda_runtime_api.h>
 
 #include "fp4moe/runner.h"
+#include "fp4moe_git_commit.h"  // generated at build time (cmake/git_commit.cmake)
 
 namespace fp4moe {
 
