@@ -17,6 +17,10 @@ struct MoeGemmParams;  // kernels/common/moe_gemm.cuh
 
 namespace fp4moe::gpu {
 
+// NVFP4 weights with NVFP4 activations (mode a4): every operand value is exact in f16
+// (docs/numerics.md), so direct_micro and dynamic's register path run these calls on f16 tensor cores.
+inline bool f16_operands(const MoeConfig& c) { return c.format == WeightFormat::kNVFP4 && c.mode == ActMode::kA4; }
+
 struct RunArgs {
   const void* x;
   const void* ids;

@@ -23,13 +23,10 @@ bool wide_groups(const MoeConfig& c, int64_t tokens) {
   const int64_t routes = tokens * c.top_k;
   return routes > 8 * std::min<int64_t>(c.local_count(), routes);
 }
-bool f16_path(const MoeConfig& c) {
-  return kernels::quant_kind(c.format, c.mode) == kernels::QuantKind::kNvfp4;
-}
 // T·K the config's variant accepts (direct_micro.cuh kMaxRoutes).
-int route_capacity(const MoeConfig& c) { return f16_path(c) ? dm::kMaxRoutes<true> : dm::kMaxRoutes<false>; }
+int route_capacity(const MoeConfig& c) { return f16_operands(c) ? dm::kMaxRoutes<true> : dm::kMaxRoutes<false>; }
 const char* variant_name(const MoeConfig& c) {
-  return f16_path(c) ? "f16 variant (NVFP4 weights, a4)" : "bf16 variant (lookup tables)";
+  return f16_operands(c) ? "f16 variant (NVFP4 weights, a4)" : "bf16 variant (lookup tables)";
 }
 size_t smem_bytes(bool f16) { return f16 ? dm::kSmemBytes<true> : dm::kSmemBytes<false>; }
 void* kernel_for(bool wide, bool f16) {
@@ -69,12 +66,12 @@ DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeigh
   // One grid for both variants: the smaller of their co-resident CTA counts.
   int per_sm = dm::kBlocksPerSm;
   for (bool wide : {false, true}) {
-    const void* k = kernel_for(wide, f16_path(c));
+    const void* k = kernel_for(wide, f16_operands(c));
     // The kernel's shared memory (lookup tables, routing, sums) is past the 48 KB default.
     FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem_bytes(f16_path(c)))));
+                                           static_cast<int>(smem_bytes(f16_operands(c)))));
     int n = 0;
-    FP4MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, dm::kThreads, smem_bytes(f16_path(c))));
+    FP4MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, dm::kThreads, smem_bytes(f16_operands(c))));
     per_sm = std::min(per_sm, n);
   }
   FP4MOE_REQUIRE(per_sm >= 1, Unsupported, "backend", "direct_micro cannot be resident on this device");
@@ -140,8 +137,8 @@ void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicro
   p.out_fp32 = c.output_dtype == OutputDType::kFP32;
   p.trace = a.trace;
   void* args[] = {&p};
-  FP4MOE_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_for(wide_groups(c, a.tokens), f16_path(c)), ws.grid,
-                                                dm::kThreads, args, smem_bytes(f16_path(c)), a.stream));
+  FP4MOE_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_for(wide_groups(c, a.tokens), f16_operands(c)), ws.grid,
+                                                dm::kThreads, args, smem_bytes(f16_operands(c)), a.stream));
 }
 
 }  // namespace fp4moe::gpu

@@ -93,7 +93,7 @@ void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace
   const int tile_m = bf16 ? dynamic_bf16_tile_m() : dynamic_tile_m(a.tokens * c.top_k, c.local_count());
   const int64_t tiles = max_tiles(a.tokens * c.top_k, c.local_count(), tile_m);
   // NVFP4-a4 on the register path: A1 and A2 in f16 and the f16 kernels (dynamic.cuh, kF16).
-  const bool f16 = !bf16 && kernels::quant_kind(c.format, c.mode) == kernels::QuantKind::kNvfp4;
+  const bool f16 = !bf16 && f16_operands(c);
   launch_route(c, gws, a, tile_m);
   launch_gather_quantize(c, w, gws, a, f16);
   if (bf16) {

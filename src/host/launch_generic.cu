@@ -78,7 +78,7 @@ void launch_route(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, in
 void launch_gather_quantize(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a,
                             bool a1_f16) {
   const kernels::QuantKind q = kernels::quant_kind(c.format, c.mode);
-  FP4MOE_REQUIRE(!a1_f16 || q == kernels::QuantKind::kNvfp4, InvalidArgument, "a1_f16",
+  FP4MOE_REQUIRE(!a1_f16 || f16_operands(c), InvalidArgument, "a1_f16",
                  "f16 activations hold NVFP4-a4 values only (format nvfp4, mode a4)");
   gk::GatherParams gp{static_cast<const __nv_bfloat16*>(a.x), static_cast<int>(a.tokens), c.hidden, w.h_pad, c.top_k,
                       q, w.fc1_input_scale.get<float>(), ws.route_row.get<int>(), ws.row_expert.get<int>(),
