@@ -89,7 +89,7 @@ int dynamic_tile_m(int64_t routes, int experts);
 template <int BM>
 size_t dynamic_gemm_smem();
 template <int BM>
-void dynamic_gemm_opt_in();
+std::string dynamic_gemm_opt_in();  // empty, or why the kernels cannot run on this device
 template <int BM>
 void launch_dynamic_gemm_bm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, bool fc1, int64_t tiles,
                             int* watchdog, cudaStream_t s);

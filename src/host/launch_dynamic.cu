@@ -53,9 +53,8 @@ DynamicWorkspace::DynamicWorkspace(int device) {
                   std::to_string(device) + " allows " + std::to_string(optin);
   } else {
     dynamic_bf16_opt_in();
-    dynamic_gemm_opt_in<32>();
-    dynamic_gemm_opt_in<64>();
-    dynamic_gemm_opt_in<128>();
+    for (std::string why : {dynamic_gemm_opt_in<32>(), dynamic_gemm_opt_in<64>(), dynamic_gemm_opt_in<128>()})
+      if (unsupported.empty() && !why.empty()) unsupported = why;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <string>
 
 #include "fp4moe/errors.h"
 #include "host/launch.h"
@@ -13,9 +14,14 @@
 
 namespace fp4moe::gpu {
 
+// The larger of the two variants' (the bf16 one holds the lookup tables).
 template <int BM>
 size_t dynamic_gemm_smem() {
-  return sizeof(kernels::dynamic::Smem<BM>);
+  return sizeof(kernels::dynamic::Smem<BM, false>);
+}
+template <int BM>
+size_t dynamic_gemm_smem(bool f16) {
+  return f16 ? sizeof(kernels::dynamic::Smem<BM, true>) : sizeof(kernels::dynamic::Smem<BM, false>);
 }
 
 // The kernel instance of (FC1 or FC2, operand type): kF16 for p.f16, the NVFP4-a4 variant.
@@ -28,14 +34,27 @@ const void* dynamic_gemm_kernel(bool fc1, bool f16) {
              : reinterpret_cast<const void*>(dk::gemm_kernel<false, BM, false>);
 }
 
+// Returns why the kernels cannot run here (empty: they can).
 template <int BM>
-void dynamic_gemm_opt_in() {
-  // Above 48 KB a kernel must opt in, once per device (the caller has made the device current).
+std::string dynamic_gemm_opt_in() {
+  namespace dk = kernels::dynamic;
   for (const bool fc1 : {true, false})
-    for (const bool f16 : {true, false})
-      FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(dynamic_gemm_kernel<BM>(fc1, f16),
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(dynamic_gemm_smem<BM>())));
+    for (const bool f16 : {true, false}) {
+      const void* k = dynamic_gemm_kernel<BM>(fc1, f16);
+      // Above 48 KB a kernel must opt in, once per device (the caller has made the device current).
+      FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(dynamic_gemm_smem<BM>(f16))));
+      // The consumers' setmaxnreg.inc draws on the registers the CTA was launched with; had ptxas
+      // given fewer than kLaunchRegs, it would wait forever. Refuse instead of hanging.
+      cudaFuncAttributes attr{};
+      FP4MOE_CUDA_CHECK(cudaFuncGetAttributes(&attr, k));
+      const int want = f16 ? dk::kLaunchRegs<BM, true> : dk::kLaunchRegs<BM, false>;
+      if (attr.numRegs != want)
+        return "gemm_kernel (BM " + std::to_string(BM) + (fc1 ? ", fc1" : ", fc2") + (f16 ? ", f16" : ", bf16") +
+               ") was built with " + std::to_string(attr.numRegs) +
+               " registers per thread; its register hand-over assumes " + std::to_string(want);
+    }
+  return {};
 }
 
 template <int BM>
@@ -44,8 +63,10 @@ void launch_dynamic_gemm_bm(const DynamicWorkspace& ws, const kernels::MoeGemmPa
   const int n_tiles = dynamic_n_tiles(p, fc1);
   const int64_t work = tiles * n_tiles;
   if (work == 0) return;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(ws.sms, work));
-  const size_t smem = dynamic_gemm_smem<BM>();
+  // Persistent CTAs, as many as are resident at once (kCtasPerSm per SM).
+  const int per_sm = p.f16 ? kernels::dynamic::kCtasPerSm<BM, true> : kernels::dynamic::kCtasPerSm<BM, false>;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(int64_t{ws.sms} * per_sm, work));
+  const size_t smem = dynamic_gemm_smem<BM>(p.f16);
   FP4MOE_REQUIRE(!p.f16 || (p.nvfp4 && p.block == 16), InvalidArgument, "f16",
                  "dynamic's f16 register path reads NVFP4 weights (block 16), got ", p.nvfp4 ? "NVFP4" : "MX",
                  " with block ", p.block);
@@ -59,7 +80,7 @@ void launch_dynamic_gemm_bm(const DynamicWorkspace& ws, const kernels::MoeGemmPa
 // One translation unit's instantiations for BM.
 #define FP4MOE_INSTANTIATE_DYNAMIC_GEMM(BM)                                                                      \
   template size_t dynamic_gemm_smem<BM>();                                                                      \
-  template void dynamic_gemm_opt_in<BM>();                                                                      \
+  template std::string dynamic_gemm_opt_in<BM>();                                                                      \
   template void launch_dynamic_gemm_bm<BM>(const DynamicWorkspace&, const kernels::MoeGemmParams&, bool, int64_t, \
                                            int*, cudaStream_t);
 

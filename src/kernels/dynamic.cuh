@@ -45,6 +45,7 @@
 
 #include <cuda_bf16.h>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/frag_dequant.cuh"
 #include "kernels/common/mbarrier.cuh"
@@ -63,6 +64,9 @@ namespace fp4moe::kernels::dynamic {
 
 inline constexpr int BN = 128;              // weight rows per n-tile: 2 consumer warpgroups × 64 (wgmma M)
 inline constexpr int BK = wgmma::kTileK;    // 64 k per pipeline stage: 4 wgmma k16 steps
+inline constexpr int kConsumers = 2;
+inline constexpr int kWarpgroup = 128;
+inline constexpr int kThreads = kWarpgroup * (1 + kConsumers);
 // Pipeline stages per m-tile width: about as many as shared memory holds beside the staging and the
 // tables (each stage: the BM × 64 activation tile and 4.5 KB of packed weights), and the producer
 // keeps all but three of them in flight (hand_over's lag, produce). Why: the weights stream from HBM
@@ -71,11 +75,27 @@ inline constexpr int BK = wgmma::kTileK;    // 64 k per pipeline stage: 4 wgmma 
 // ~1.5 µs moves under 1 TB/s over 132 SMs; HBM needs ~50 KB per SM in flight. At few rows per expert the
 // register path streams every touched expert's weights once, so this, not the tensor cores, likely
 // set its pace (qwen3-30b-a3b T = 128: 302 MB of weights, 381 µs for the call; derived, not measured).
-template <int BM>
-inline constexpr int kStagesOf = BM == 32 ? 16 : (BM == 64 ? 10 : 5);
-inline constexpr int kConsumers = 2;
-inline constexpr int kWarpgroup = 128;
-inline constexpr int kThreads = kWarpgroup * (1 + kConsumers);
+// The f16 variant at BM = 32 instead runs two CTAs per SM (kCtasPerSm), each with 8 stages.
+template <int BM, bool kF16 = false>
+inline constexpr int kStagesOf = BM == 32 ? (kF16 ? 8 : 16) : (BM == 64 ? 10 : 5);
+// CTAs per SM. Why two for the f16 variant at BM = 32: its consumers were issue-idle 59 % of the
+// cycles with 2 warps per scheduler, each warp's stage a chain (full wait → codes → ~80 dependent ALU
+// instructions → 4 wgmma → wait for the previous group), and the f16 variant's instruction cut barely
+// moved the time (NOTES session 11). It needs no lookup tables and 16 accumulators, so a second CTA
+// fits: ~85 KB of shared memory and 104 registers per consumer thread.
+template <int BM, bool kF16>
+inline constexpr int kCtasPerSm = kF16 && BM == 32 ? 2 : 1;
+// Registers per thread. At launch: what __launch_bounds__ leaves each of kThreads × kCtasPerSm
+// threads, in the allocation's units of 8 (168 for one CTA, 80 for two; the host checks ptxas agreed,
+// dynamic_gemm_opt_in). Then setmaxnreg moves them within the CTA's pool (SETMAXREG .CTAPOOL): the
+// producer (cp.async only) gives back to 40, the consumers take what that frees, in units of 8.
+// Asking for more than the pool holds would make the consumers' increase wait forever.
+inline constexpr int kProducerRegs = 40;
+template <int BM, bool kF16>
+inline constexpr int kLaunchRegs = 65536 / (kThreads * kCtasPerSm<BM, kF16>) / 8 * 8;
+template <int BM, bool kF16>
+inline constexpr int kConsumerRegs =
+    (kLaunchRegs<BM, kF16> * kThreads - kWarpgroup * kProducerRegs) / (kConsumers * kWarpgroup) / 8 * 8;
 // Staging row stride in floats: 4 (mod 32) makes both the accumulator stores (8 weight rows × 4
 // routed rows per instruction) and the epilogue's float4 reads down 8 rows conflict-free.
 inline constexpr int kLdc = BN + 4;
@@ -88,22 +108,26 @@ enum : int { kWaitEmpty = 1, kWaitFull = 2, kWaitStaged = 3, kWaitStagingFree = 
 inline constexpr int kRowTiles = BN / 16;   // weight row tiles (16 rows × 64 k) per n-tile
 inline constexpr int kMaxScaleBytes = 16 * 4;  // scale bytes per row tile and k-tile: 16 rows × 64 / 16
 
-template <int BM>
+struct NoTables {};
+template <int BM, bool kF16 = false>
 struct Smem {
-  static constexpr int kStages = kStagesOf<BM>;
+  static constexpr int kStages = kStagesOf<BM, kF16>;
   static_assert(kStages >= 3, "the producer signals a stage after starting later ones (hand_over)");
   __nv_bfloat16 a[kStages][BM * BK];  // activation tiles (BM, BK) per stage, K-major, no swizzle
   uint4 w[kStages][kRowTiles][32];    // weight codes per stage: row tile j = 4c + warp, lane's 16 B
   alignas(16) uint8_t ws[kStages][kRowTiles][kMaxScaleBytes];  // their scales: [16 rows][64 / block]
   alignas(16) float c[BM * kLdc];     // epilogue staging: [routed row][tile column], alpha·acc + bias
   float rw[BM];                       // FC2: the tile's router weights (router_weight)
-  FragTables tables;                  // E2M1 and scale byte → bf16x2, per lane
+  std::conditional_t<kF16, NoTables, FragTables> tables;  // E2M1 and scale byte → bf16x2, per lane (bf16 only)
   uint64_t full[kStages];             // producer → consumers: stage written (and fenced for the async proxy)
   uint64_t empty[kStages];            // consumers → producer: stage read by the tensor cores
   int aborted;                        // watchdog (mbarrier.cuh)
 };
 static_assert(sizeof(Smem<32>) <= 227 * 1024 && sizeof(Smem<64>) <= 227 * 1024 && sizeof(Smem<128>) <= 227 * 1024,
               "past the sm_90 opt-in shared memory per CTA");
+// sm_90: 228 KB of shared memory per SM, of which the hardware reserves 1 KB per CTA.
+static_assert(kCtasPerSm<32, true> * (sizeof(Smem<32, true>) + 1024) <= 228 * 1024,
+              "the f16 variant's two CTAs per SM no longer fit the shared memory");
 
 // cp.async of the stage's activation tile: rows row0 + m (m < valid; the rest zero-filled),
 // k = kt·64 ..., BM · 8 / 128 copies of 16 bytes per producer thread t. BM = 32: the copies of a
@@ -258,8 +282,8 @@ __device__ __forceinline__ WeightCopies weight_copies(const MoeGemmParams& p, co
   wc.scale_bytes = rs.ok && t < kRowTiles * sb ? 16 : 0;
   return wc;
 }
-template <int BM>
-__device__ __forceinline__ void copy_w(const MoeGemmParams& p, Smem<BM>& sm, const WeightCopies& wc, int s, int kt, int t,
+template <class SmemT>
+__device__ __forceinline__ void copy_w(const MoeGemmParams& p, SmemT& sm, const WeightCopies& wc, int s, int kt, int t,
                                        int sb) {
   const int warp = t >> 5, lane = t & 31;
 #pragma unroll
@@ -273,15 +297,15 @@ __device__ __forceinline__ void copy_w(const MoeGemmParams& p, Smem<BM>& sm, con
 
 // Producer warpgroup. Stage `it` is signalled "full" kLag steps late, after the copies of stage
 // it + kLag are issued (hand_over), so kLag stages of copies are in flight per thread.
-template <bool kFc1, int BM>
-__device__ __forceinline__ void produce(const MoeGemmParams& p, Smem<BM>& sm, int n_tiles, int work,
+template <bool kFc1, int BM, bool kF16>
+__device__ __forceinline__ void produce(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, int work,
                                         const ptx::Watchdog& wd) {
   const int t = threadIdx.x;  // 0..127
   const int ktiles = p.k_pad / BK, sb = 64 / p.block;
   // The lag leaves the consumers two stages of slack: stage j is signalled once the consumers have
   // released stage j - 3 (kLag = kRing - 3), i.e. while they work on stage j - 2, so the producer's
   // reaction (its wait, a stage of copies) is off their path unless it takes longer than two stages.
-  constexpr int kRing = Smem<BM>::kStages, kLag = kRing - 3;
+  constexpr int kRing = Smem<BM, kF16>::kStages, kLag = kRing - 3;
   uint32_t it = 0;
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = tile_info<BM>(p, w, n_tiles);
@@ -306,15 +330,16 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem<BM>& sm, in
 // loads) instead of the per-lane tables (frag_a_bf16: 6 LDS, their address IMADs and PRMTs; the
 // profile counted 68 instructions per HGMMA in all, NOTES session 11), and the wgmma reads f16.
 template <bool kFc1, int BM, bool kF16>
-__device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM>& sm, int n_tiles, int work,
+__device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, int work,
                                         const ptx::Watchdog& wd) {
   const int c = threadIdx.x / kWarpgroup - 1;
   const int t = threadIdx.x % kWarpgroup, warp = t >> 5, lane = t & 31;
   const int ct = threadIdx.x - kWarpgroup;  // 0..255: this thread among both consumers (epilogue)
   const int ktiles = p.k_pad / BK, sb = kF16 ? 4 : 64 / p.block, j = 4 * c + warp;  // j: this warp's row tile
   const uint32_t a_base = ptx::smem_addr(sm.a[0]);
-  const FragLut lut = frag_lut(sm.tables);
-  constexpr int kRing = Smem<BM>::kStages;
+  FragLut lut{};  // the bf16 variant's tables (the f16 one has none)
+  if constexpr (!kF16) lut = frag_lut(sm.tables);
+  constexpr int kRing = Smem<BM, kF16>::kStages;
   float acc[BM / 2];
 #pragma unroll
   for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
@@ -381,22 +406,26 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM>& sm, in
 // ptx::kWatchdogNs fills (tests); null in production, where waits have no time limit.
 // kF16 = p.f16 (the host launches the matching instance): consume's f16 variant, no tables to fill.
 template <bool kFc1, int BM, bool kF16>
-__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(MoeGemmParams p, int n_tiles, int* watchdog) {
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<BM, kF16>) gemm_kernel(MoeGemmParams p, int n_tiles, int* watchdog) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem<BM>& sm = *reinterpret_cast<Smem<BM>*>(smem_raw);
-  if (threadIdx.x == 0) init_pipeline<Smem<BM>::kStages>(sm.full, sm.empty, kWarpgroup, &sm.aborted);
-  if (!kF16) fill_frag_tables(sm.tables, p.nvfp4, threadIdx.x >> 5, kThreads / 32);
+  using SmemT = Smem<BM, kF16>;
+  SmemT& sm = *reinterpret_cast<SmemT*>(smem_raw);
+  if (threadIdx.x == 0) init_pipeline<SmemT::kStages>(sm.full, sm.empty, kWarpgroup, &sm.aborted);
+  if constexpr (!kF16) fill_frag_tables(sm.tables, p.nvfp4, threadIdx.x >> 5, kThreads / 32);
   __syncthreads();
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int work = *p.num_tiles * n_tiles;
-  // 384 threads start with 168 registers each; the producer (cp.async only) gives back to 40 and
-  // the consumers (64 accumulators, two A fragment sets) take 232:
-  // 128·40 + 256·232 = 64512 ≤ 65536.
+  // One CTA per SM: 384 threads start with 168 registers each; the producer gives back to 40 and
+  // the consumers (up to 64 accumulators, two A fragment sets) take 232: 128·40 + 256·232 = 64512.
+  // Two (the f16 variant at BM = 32): 80 each at the start (30720 a CTA), then 40 and 96.
+  static_assert(kWarpgroup * kProducerRegs + kConsumers * kWarpgroup * kConsumerRegs<BM, kF16> <=
+                    kLaunchRegs<BM, kF16> * kThreads,
+                "the consumers' setmaxnreg.inc would wait forever for registers the CTA's pool lacks");
   if (threadIdx.x < kWarpgroup) {
-    ptx::setmaxnreg_dec<40>();
-    produce<kFc1, BM>(p, sm, n_tiles, work, wd);
+    ptx::setmaxnreg_dec<kProducerRegs>();
+    produce<kFc1, BM, kF16>(p, sm, n_tiles, work, wd);
   } else {
-    ptx::setmaxnreg_inc<232>();
+    ptx::setmaxnreg_inc<kConsumerRegs<BM, kF16>>();
     consume<kFc1, BM, kF16>(p, sm, n_tiles, work, wd);
   }
 }
