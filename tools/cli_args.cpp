@@ -74,7 +74,7 @@ const std::set<std::string> kValueFlags = {
     "--model", "--hidden", "--intermediate", "--experts", "--topk", "--activation", "--swiglu-alpha",
     "--swiglu-beta", "--swiglu-limit", "--tokens", "--format", "--mode", "--backend", "--device", "--seed",
     "--out-dir", "--run-name", "--iters", "--warmup", "--sets", "--threads", "--ep", "--ep-strategy",
-    "--prefill-bf16-gib", "--prefill-bf16-min-rows"};
+    "--prefill-bf16-gib", "--prefill-bf16-min-rows", "--dynamic-tile-m"};
 const std::set<std::string> kBoolFlags = {"--bias", "--no-peer", "--help"};
 
 // Which flags each subcommand accepts.
@@ -96,11 +96,16 @@ RunnerOptions runner_options(const Args& args, Backend backend, int64_t tokens) 
   o.cpu_threads = args.threads;
   o.prefill_bf16_bytes = args.prefill_bf16_bytes;
   o.prefill_bf16_min_rows = args.prefill_bf16_min_rows;
+  o.dynamic_tile_m = args.dynamic_tile_m;
   return o;
 }
 
 std::string backend_label(const MoeRunner& runner, int64_t tokens) {
-  return std::string(to_string(runner.plan(tokens))) + (runner.plan_bf16_copy(tokens) ? " (bf16 copy)" : "");
+  const Backend b = runner.plan(tokens);
+  if (runner.plan_bf16_copy(tokens)) return std::string(to_string(b)) + " (bf16 copy)";
+  if (b == Backend::kDynamic && runner.options().dynamic_tile_m > 0)
+    return std::string(to_string(b)) + " (m-tile " + std::to_string(runner.options().dynamic_tile_m) + ")";
+  return std::string(to_string(b));
 }
 
 const std::vector<int64_t>& protocol_tokens() {
@@ -142,6 +147,9 @@ std::string usage() {
         "                       prefill_bf16_bytes; default 0: none); calls with at least\n"
         "  --prefill-bf16-min-rows N   routes per expert (T·K / E, default 512) dequantise once into it;\n"
         "                       their rows read \"dynamic (bf16 copy)\"\n"
+        "  --dynamic-tile-m N   dynamic's register-path m-tile: 32, 64 or 128 routed rows (RunnerOptions::\n"
+        "                       dynamic_tile_m; default 0: from the rows per expert); rows read\n"
+        "                       \"dynamic (m-tile N)\"\n"
         "\n"
         "bench only:\n"
         "  --out-dir DIR        where <run-name>.jsonl and <run-name>.md go (default bench/results)\n"
@@ -302,6 +310,11 @@ Args parse_args(int argc, char** argv) {
   }
   if (has("--prefill-bf16-min-rows"))
     a.prefill_bf16_min_rows = parse_int("--prefill-bf16-min-rows", v["--prefill-bf16-min-rows"], 1, int64_t{1} << 40);
+  if (has("--dynamic-tile-m")) {
+    a.dynamic_tile_m = static_cast<int>(parse_int("--dynamic-tile-m", v["--dynamic-tile-m"], 0, 128));
+    if (a.dynamic_tile_m != 0 && a.dynamic_tile_m != 32 && a.dynamic_tile_m != 64 && a.dynamic_tile_m != 128)
+      bad("--dynamic-tile-m", v["--dynamic-tile-m"], "must be 0 (from the rows per expert), 32, 64 or 128");
+  }
   if (has("--iters")) a.iters = static_cast<int>(parse_int("--iters", v["--iters"], 1, 100000));
   if (has("--warmup")) a.warmup = static_cast<int>(parse_int("--warmup", v["--warmup"], 0, 100000));
   if (has("--sets")) a.sets = static_cast<int>(parse_int("--sets", v["--sets"], 1, 64));

@@ -47,6 +47,7 @@ struct Args {
   int threads = 0;                     // host threads (generation, reference); 0 = all
   int64_t prefill_bf16_bytes = 0;      // --prefill-bf16-gib: RunnerOptions::prefill_bf16_bytes
   int64_t prefill_bf16_min_rows = RunnerOptions{}.prefill_bf16_min_rows;
+  int dynamic_tile_m = 0;              // --dynamic-tile-m: RunnerOptions::dynamic_tile_m
   bool peer = true;                    // GPU bench: time the cuBLAS bf16 peer
   int ep = 0;                          // bench --ep N: expert parallel over N local GPUs (ep_bench.cpp)
   std::string ep_strategy = "both";    // --ep-strategy: allgather, alltoall, auto or both

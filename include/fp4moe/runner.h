@@ -36,6 +36,11 @@ struct RunnerOptions {
   // measured; it lost at 128 (qwen3-30b-a3b T = 2048: 1.21 against 1.04 ms, and by more on the
   // larger models); 256 is unsettled.
   int64_t prefill_bf16_min_rows = 512;
+  // The dynamic backend's m-tile on its register path (calls that do not take the bf16 copy): 0
+  // chooses it from the routed rows per expert (the default); 32, 64 or 128 routed rows force it,
+  // for tile sweeps and for servers that measured their own routing. Any other value:
+  // InvalidArgument. Results are the same up to fp32 summation order.
+  int dynamic_tile_m = 0;
 };
 
 // Owns prepared weights, a workspace sized for max_tokens and the per-T plan. run() allocates

@@ -390,7 +390,9 @@ class MoeWrapper:
     ``prefill_bf16_bytes`` (default 0: none) lets the dynamic backend hold a bf16 copy of the expert
     weights of up to that many device bytes: calls with at least ``prefill_bf16_min_rows`` routes per
     expert (T·K / E) then dequantise each touched expert once per call and run plain bf16 GEMMs, which
-    is faster for large prefill (C++ ``RunnerOptions::prefill_bf16_bytes``).
+    is faster for large prefill (C++ ``RunnerOptions::prefill_bf16_bytes``). ``dynamic_tile_m`` (0:
+    chosen from the rows per expert) forces the dynamic backend's register-path m-tile to 32, 64 or 128
+    routed rows (C++ ``RunnerOptions::dynamic_tile_m``).
     """
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
@@ -403,7 +405,7 @@ class MoeWrapper:
                  format: Optional[str] = None, mode: Optional[str] = None, local_expert_offset: int = 0,
                  has_bias: bool = False, deterministic: bool = False, backend: str = "auto", cpu_threads: int = 0,
                  gate_up: str = "up_gate", sf_layout: str = "auto", prefill_bf16_bytes: int = 0,
-                 prefill_bf16_min_rows: int = _ext.DEFAULT_PREFILL_BF16_MIN_ROWS):
+                 prefill_bf16_min_rows: int = _ext.DEFAULT_PREFILL_BF16_MIN_ROWS, dynamic_tile_m: int = 0):
         self.config = _make_config(num_experts, top_k, hidden_size, intermediate_size,
                                    num_local_experts=num_local_experts, local_expert_offset=local_expert_offset,
                                    activation=activation, swiglu_alpha=swiglu_alpha, swiglu_beta=swiglu_beta,
@@ -418,6 +420,7 @@ class MoeWrapper:
         self.cpu_threads = cpu_threads
         self.prefill_bf16_bytes = int(prefill_bf16_bytes)
         self.prefill_bf16_min_rows = int(prefill_bf16_min_rows)
+        self.dynamic_tile_m = int(dynamic_tile_m)
         self.gate_up = gate_up
         self.sf_layout = sf_layout
         self.hidden_size = int(hidden_size)
@@ -450,13 +453,15 @@ class MoeWrapper:
         self._runner = _ext.Runner(self.config, pw, max_tokens=self.max_num_tokens, backend=self.backend,
                                    deterministic=self.deterministic, cpu_threads=self.cpu_threads,
                                    prefill_bf16_bytes=self.prefill_bf16_bytes,
-                                   prefill_bf16_min_rows=self.prefill_bf16_min_rows)
+                                   prefill_bf16_min_rows=self.prefill_bf16_min_rows,
+                                   dynamic_tile_m=self.dynamic_tile_m)
 
     @classmethod
     def from_checkpoint(cls, layer: "_ext.LoadedLayer", *, device: Any = None, max_num_tokens: int = 4096,
                         output_dtype: Any = "bf16", deterministic: bool = False, backend: str = "auto",
                         cpu_threads: int = 0, prefill_bf16_bytes: int = 0,
-                        prefill_bf16_min_rows: int = _ext.DEFAULT_PREFILL_BF16_MIN_ROWS) -> "MoeWrapper":
+                        prefill_bf16_min_rows: int = _ext.DEFAULT_PREFILL_BF16_MIN_ROWS,
+                        dynamic_tile_m: int = 0) -> "MoeWrapper":
         """A wrapper over a layer loaded by :func:`load_modelopt_nvfp4` / :func:`load_gpt_oss_mxfp4`."""
         c = layer.config
         w = cls.__new__(cls)
@@ -467,6 +472,7 @@ class MoeWrapper:
         w.max_num_tokens = int(max_num_tokens)
         w.backend, w.deterministic, w.cpu_threads = backend, deterministic, cpu_threads
         w.prefill_bf16_bytes, w.prefill_bf16_min_rows = int(prefill_bf16_bytes), int(prefill_bf16_min_rows)
+        w.dynamic_tile_m = int(dynamic_tile_m)
         w.gate_up, w.sf_layout = "up_gate", "auto"
         w.hidden_size = c.hidden
         w.output_dtype = c.output_dtype

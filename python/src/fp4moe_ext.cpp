@@ -316,16 +316,18 @@ NB_MODULE(_ext, m) {
   nb::class_<PyRunner>(m, "Runner")
       .def("__init__",
            [](PyRunner* self, const MoeConfig& c, const PreparedWeights& w, int64_t max_tokens, const std::string& backend,
-              bool deterministic, int cpu_threads, int64_t prefill_bf16_bytes, int64_t prefill_bf16_min_rows) {
+              bool deterministic, int cpu_threads, int64_t prefill_bf16_bytes, int64_t prefill_bf16_min_rows,
+              int dynamic_tile_m) {
              RunnerOptions o;
              o.max_tokens = max_tokens, o.backend = parse_backend(backend), o.deterministic = deterministic;
              o.cpu_threads = cpu_threads;
              o.prefill_bf16_bytes = prefill_bf16_bytes, o.prefill_bf16_min_rows = prefill_bf16_min_rows;
+             o.dynamic_tile_m = dynamic_tile_m;
              new (self) PyRunner{MoeRunner(c, w, o), w.device()};
            },
            "config"_a, "weights"_a, "max_tokens"_a = 4096, "backend"_a = "auto", "deterministic"_a = false,
            "cpu_threads"_a = 0, "prefill_bf16_bytes"_a = 0,
-           "prefill_bf16_min_rows"_a = RunnerOptions{}.prefill_bf16_min_rows)
+           "prefill_bf16_min_rows"_a = RunnerOptions{}.prefill_bf16_min_rows, "dynamic_tile_m"_a = 0)
       .def("run", &run, "x"_a, "token_selected_experts"_a, "token_final_scales"_a, "output"_a, "stream"_a = 0)
       .def("plan", [](const PyRunner& r, int64_t t) { return std::string(to_string(r.runner.plan(t))); })
       .def("plan_bf16_copy", [](const PyRunner& r, int64_t t) { return r.runner.plan_bf16_copy(t); })

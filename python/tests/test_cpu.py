@@ -205,5 +205,7 @@ def test_prefill_bf16_options_are_validated_by_name():
         _ext.Runner(c, pw, max_tokens=8, prefill_bf16_bytes=-1)
     with pytest.raises(fp4moe.InvalidArgument, match="prefill_bf16_min_rows"):
         _ext.Runner(c, pw, max_tokens=8, prefill_bf16_min_rows=0)
+    with pytest.raises(fp4moe.InvalidArgument, match="dynamic_tile_m.*48"):
+        _ext.Runner(c, pw, max_tokens=8, dynamic_tile_m=48)
     r = _ext.Runner(c, pw, max_tokens=8, prefill_bf16_bytes=1 << 30, prefill_bf16_min_rows=1)
     assert r.plan(8) == "reference" and not r.plan_bf16_copy(8)  # host weights: no GPU path, no copy

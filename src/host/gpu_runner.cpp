@@ -45,7 +45,10 @@ class GpuRunner final : public Runner {
       dm_ = std::make_unique<DirectMicroWorkspace>(c, *w_, o.max_tokens);
     // dynamic (prefill, wgmma) has no buffers of its own (generic's routing, gather and combine
     // buffers serve it); its workspace records whether the device can run it.
-    if (o.backend == Backend::kDynamic || o.backend == Backend::kAuto) dyn_ = std::make_unique<DynamicWorkspace>(device_);
+    if (o.backend == Backend::kDynamic || o.backend == Backend::kAuto) {
+      dyn_ = std::make_unique<DynamicWorkspace>(device_);
+      dyn_->tile_m = o.dynamic_tile_m;
+    }
     // The budget is checked wherever dynamic runs; the copy is allocated only where a call can take
     // it (max_tokens reaches the line).
     if (dyn_ && dynamic_supports(*dyn_, nullptr) && o.prefill_bf16_bytes > 0)

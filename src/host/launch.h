@@ -70,6 +70,7 @@ struct DynamicWorkspace {
   DeviceBuffer w_bf16;
   int bf16_group = 0;
   int64_t bf16_min_rows = 0;
+  int tile_m = 0;  // the register path's m-tile (RunnerOptions::dynamic_tile_m): 0 = dynamic_tile_m per call
 };
 bool dynamic_supports(const DynamicWorkspace& ws, std::string* why);
 void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& gws, DynamicWorkspace& ws,

@@ -89,7 +89,9 @@ void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace
   // The m-tile (dynamic_bf16.cuh: 256 routed rows; here 32, 64 or 128 from the rows per expert) is
   // chosen before the routing builds the tile list, and with it the path.
   const bool bf16 = dynamic_uses_bf16(c, ws, a.tokens);
-  const int tile_m = bf16 ? dynamic_bf16_tile_m() : dynamic_tile_m(a.tokens * c.top_k, c.local_count());
+  const int tile_m = bf16          ? dynamic_bf16_tile_m()
+                     : ws.tile_m > 0 ? ws.tile_m
+                                     : dynamic_tile_m(a.tokens * c.top_k, c.local_count());
   const int64_t tiles = max_tiles(a.tokens * c.top_k, c.local_count(), tile_m);
   // NVFP4-a4 on the register path: A1 and A2 in f16 and the f16 kernels (dynamic.cuh, kF16).
   const bool f16 = !bf16 && f16_operands(c);

@@ -404,6 +404,25 @@ TEST(GpuDynamic, Experts512TopK10) {
   expect_matches_reference({make_config(512, 256, 128, 10, WeightFormat::kNVFP4, ActMode::kA16), 700, 63});
 }
 
+// RunnerOptions::dynamic_tile_m forces the register path's m-tile: every tile on calls whose own
+// choice differs (T = 600 over 8 experts, K = 2: 150 rows per expert, chosen 128; T = 5: chosen 32),
+// on the f16 variant (NVFP4-a4) and the bf16-table one (MXFP4-a16).
+TEST(GpuDynamic, ForcedTileM) {
+  REQUIRE_GPU();
+  for (const auto& [f, m] : {std::pair{WeightFormat::kNVFP4, ActMode::kA4}, std::pair{WeightFormat::kMXFP4, ActMode::kA16}}) {
+    const MoeConfig c = make_config(8, 512, 256, 2, f, m, Activation::kSilu, true);
+    for (const int64_t T : {600, 5}) {
+      const Problem p = testkit::make_problem({c, T, static_cast<uint64_t>(70 + T)});
+      for (const int tile : {32, 64, 128}) {
+        RunnerOptions o{.backend = Backend::kDynamic, .dynamic_tile_m = tile};
+        const auto out = run_on_gpu(p, o, IndexType::kInt32);
+        const auto acc = check_against_reference(p, out.data(), testkit::default_tolerance(c));
+        EXPECT_TRUE(acc.pass) << c.to_string() << " T=" << T << " m-tile " << tile << ": " << acc.summary();
+      }
+    }
+  }
+}
+
 TEST(GpuDynamic, SmallCallAfterLargeCall) {
   REQUIRE_GPU();
   const MoeConfig c = make_config(16, 512, 256, 4, WeightFormat::kNVFP4, ActMode::kA4, Activation::kSilu, true);
