@@ -70,7 +70,10 @@ bool dynamic_supports(const DynamicWorkspace& ws, std::string* why) {
 // rows of `…-s9-table.md`): at 8 and 16 rows per expert 32-row tiles were 14–17 % faster (qwen3-30b-a3b
 // T = 128 448 → 381 µs, deepseek-v3 T = 512 6.63 → 5.58 ms); with the tile equal to the average they
 // were 12–30 % slower (qwen3 T = 512 at 32 rows: 481 → 549 µs; deepseek-v3 T = 2048 at 64: 7.52 →
-// 9.82 ms). 64-row tiles at 17–32 rows per expert are the same rule, not yet measured.
+// 9.82 ms). Re-measured with the tile forced after the two-CTA BM = 32 kernel (session 12,
+// `h200-prefill-20261203-s12-tile{32,64}.jsonl`): at 32 rows per expert 64-row tiles were as fast or
+// faster (qwen3 T = 512 397.2 against 397.1 µs, deepseek-v3 T = 1024 5464 against 5607), at 8–16 rows
+// 32-row tiles won by 28–41 %; so the rule stands.
 int dynamic_tile_m(int64_t routes, int experts) {
   const int64_t per_expert = experts > 0 ? (routes + experts - 1) / experts : routes;
   return 2 * per_expert <= 32 ? 32 : 2 * per_expert <= 64 ? 64 : 128;
