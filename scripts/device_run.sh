@@ -27,6 +27,7 @@ cd "$(dirname "$0")/.."
 OUTDIR=build-device/logs
 rm -rf "$OUTDIR" && mkdir -p "$OUTDIR"
 if [ -n "${OUT:-}" ]; then
+  mkdir -p "$OUT"  # a caller may name a folder under the tool's $OUT that does not exist yet
   trap 'tar czf "$OUT/logs.tgz" -C "$OUTDIR" .' EXIT
   trap 'exit 143' TERM
 fi
