@@ -242,13 +242,11 @@ __device__ void build_routing(const Params& p, SmemT<kR>& sm) {
   __syncthreads();
 }
 
-// Activations as the GEMMs read them: bf16, or f16 on the NVFP4-a4 path (kF16), where every value
-// (E2M1 code × E4M3 block scale) is exact in both.
+// Activations as the GEMMs read them: bf16, or f16 on the NVFP4-a4 path (kF16, act_f16: exact).
 template <bool kF16>
 __device__ __forceinline__ void store_act(__nv_bfloat16* dst, long long i, __nv_bfloat16 v) {
   if constexpr (kF16) {
-    const __half h = __float2half_rn(__bfloat162float(v));
-    reinterpret_cast<__half*>(dst)[i] = h;
+    reinterpret_cast<__half*>(dst)[i] = act_f16(v);
   } else {
     dst[i] = v;
   }

@@ -380,9 +380,9 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int til
                     << list(bad_by_part) << "; by n-tile " << list(bad_by_ntile) << ")" << first.str();
 }
 
-TEST(GpuDynamicGemm, MatchesCpuGemmOfDequantisedWeights) {
-  REQUIRE_SM90();
-  const std::vector<GemmCase> cases = {
+// The register path's cases: both formats, and the shapes that stress its tiles.
+std::vector<GemmCase> register_path_cases() {
+  return {
       {true, {1}, 128, 64},                        // one row, one stage
       {true, {64}, 128, 128},                      // exactly one consumer's rows; 2 stages
       {false, {65}, 192, 320},                     // second consumer has 1 row; partial n-tile; 5 stages
@@ -390,8 +390,12 @@ TEST(GpuDynamicGemm, MatchesCpuGemmOfDequantisedWeights) {
       {false, {128, 129, 3}, 2880, 256},           // H = 2880: 22.5 n-tiles
       {true, {200, 17}, 128, 2880},                // K = 2880: 45 stages
   };
+}
+
+TEST(GpuDynamicGemm, MatchesCpuGemmOfDequantisedWeights) {
+  REQUIRE_SM90();
   uint64_t seed = 100;
-  for (const GemmCase& g : cases)
+  for (const GemmCase& g : register_path_cases())
     for (int tile_m : {32, 64, 128}) {  // every m-tile the dispatcher picks (dynamic_tile_m)
       SCOPED_TRACE(describe(g) + " m-tiles of " + std::to_string(tile_m));
       run_gemm_case(g, seed++, 0, tile_m);
@@ -399,22 +403,18 @@ TEST(GpuDynamicGemm, MatchesCpuGemmOfDequantisedWeights) {
 }
 
 // The register path's f16 variant (NVFP4 weights with f16 activations: what dynamic runs for
-// NVFP4-a4), on the NVFP4 cases above and every m-tile width.
+// NVFP4-a4): the same cases with NVFP4 weights, at every m-tile width (BM = 32 is the two-CTA
+// kernel, whose row tiles past w_rows (N = 192, 2880) dequantise the producer's zeros).
 TEST(GpuDynamicGemm, F16PathMatchesCpuGemmOfDequantisedWeights) {
   REQUIRE_SM90();
-  const std::vector<GemmCase> cases = {
-      {true, {1}, 128, 64},
-      {true, {64}, 128, 128},
-      {true, {0, 130, 0, 127, 300}, 256, 704},
-      {true, {200, 17}, 128, 2880},
-      {true, {128, 129, 3}, 2880, 256},
-  };
   uint64_t seed = 300;
-  for (const GemmCase& g : cases)
+  for (GemmCase g : register_path_cases()) {
+    g.nvfp4 = true;
     for (int tile_m : {32, 64, 128}) {
       SCOPED_TRACE(describe(g) + " m-tiles of " + std::to_string(tile_m) + ", f16");
       run_gemm_case(g, seed++, 0, tile_m, /*f16=*/true);
     }
+  }
 }
 
 // The register path's m-tile per call (no GPU needed): the smallest of 32, 64, 128 routed rows that

@@ -183,18 +183,22 @@ __device__ __forceinline__ void quant_dequant_bf16_run(QuantKind q, const uint16
     }
   }
 }
+// A quantised NVFP4-a4 activation value in f16, for the f16 tensor-core paths (the register path's
+// NVFP4-a4 variant, direct_micro's f16 variant), which read both operands as f16. Exact: every
+// NVFP4-a4 value is an E2M1 code times an E4M3 scale, at most 6 · 448 and at least 2^-10 in
+// magnitude, with at most 5 significant bits; NaN stays NaN. One value, and two at once.
+__device__ __forceinline__ __half act_f16(__nv_bfloat16 v) { return __float2half_rn(__bfloat162float(v)); }
+__device__ __forceinline__ __half2 act_f16x2(__nv_bfloat162 v) { return __float22half2_rn(__bfloat1622float2(v)); }
+
 // Eight quantised activation values (16-byte aligned) to a GEMM input buffer: as bf16, or as f16
-// for the register path's NVFP4-a4 variant (f16 = true), whose tensor cores read both operands as
-// f16. Exact either way: every NVFP4-a4 value is an E2M1 code times an E4M3 scale, at most 6 · 448
-// and at least 2^-10 in magnitude, with at most 5 significant bits; NaN stays NaN.
+// (act_f16x2) for the register path's NVFP4-a4 variant (f16 = true).
 __device__ __forceinline__ void store_act8(__nv_bfloat16* dst, const __nv_bfloat16* q, bool f16) {
   uint4 v = *reinterpret_cast<const uint4*>(q);
   if (f16) {
     uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&w[i]);
-      const __half2 h = __float22half2_rn(__bfloat1622float2(b));
+      const __half2 h = act_f16x2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
       w[i] = *reinterpret_cast<const uint32_t*>(&h);
     }
     v = make_uint4(w[0], w[1], w[2], w[3]);
