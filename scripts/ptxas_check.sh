@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Recompiles the wgmma kernels' translation units of a configured build directory with ptxas's
+# report (-Xptxas -v) and fails if ptxas serialised any wgmma (its "C7513"/"C7515"/"C7510" notes:
+# a wait after every HGMMA, which cost the register path up to 20 % in session 12, bench/results/
+# NOTES.md); it also prints each unit's spill-store bytes. No GPU needed; ~30 s a unit uncached.
+#   scripts/ptxas_check.sh [BUILD_DIR]        (default: build, relative to the current directory)
+set -uo pipefail
+build=$(cd "${1:-build}" 2>/dev/null && pwd) || { echo "ptxas_check.sh: no directory ${1:-build}" >&2; exit 2; }
+[ -f "$build/build.ninja" ] || { echo "ptxas_check.sh: $build is not a configured Ninja build" >&2; exit 2; }
+export PATH=/usr/local/cuda/bin:$PATH
+fail=0
+for tu in launch_dynamic_bm32 launch_dynamic_bm64 launch_dynamic_bm128 launch_dynamic_bf16; do
+  cmd=$(cd "$build" && ninja -t commands | grep -E "nvcc.* -c .*/$tu\.cu" | tail -1)
+  [ -n "$cmd" ] || { echo "ptxas_check.sh: no compile command for $tu.cu in $build" >&2; exit 2; }
+  out=$(cd "$build" && eval "$cmd -Xptxas -v" 2>&1)
+  serial=$(grep -cE "\(C751[035]\)" <<< "$out")
+  spill=$(grep -E "bytes spill stores" <<< "$out" | awk '{s += $5} END {print s + 0}')
+  echo "$tu: serialised-wgmma notes $serial, spill-store bytes $spill"
+  [ "$serial" -eq 0 ] || { grep -E "\(C751[035]\)" <<< "$out" | cut -c1-160; fail=1; }
+done
+exit $fail
