@@ -81,10 +81,11 @@ void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace
 // tile_m: the m-tile the schedule was built with, 32, 64 or 128 (others: InvalidArgument).
 void launch_dynamic_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, bool fc1, int64_t max_tiles,
                          int tile_m, int* watchdog, cudaStream_t stream);
-// The register path's m-tile for a call of `routes` routes over `experts` local experts: the smallest
+// The register path's m-tile for a call of `routes` routes over `experts` local experts: `forced`
+// when it is not 0 (RunnerOptions::dynamic_tile_m, validated by the runner), otherwise the smallest
 // of 32, 64 and 128 routed rows that holds twice the average rows per expert (launch_dynamic.cu says
 // why twice; a tile's rows past its expert are MACs spent for nothing).
-int dynamic_tile_m(int64_t routes, int experts);
+int dynamic_tile_m(int64_t routes, int experts, int forced = 0);
 // The register path's GEMM with m-tiles of BM (32, 64, 128) routed rows: shared memory, opt-in and
 // launch (launch_dynamic_gemm.cuh, instantiated in launch_dynamic_bm{32,64,128}.cu).
 template <int BM>

@@ -74,7 +74,8 @@ bool dynamic_supports(const DynamicWorkspace& ws, std::string* why) {
 // `h200-prefill-20261203-s12-tile{32,64}.jsonl`): at 32 rows per expert 64-row tiles were as fast or
 // faster (qwen3 T = 512 397.2 against 397.1 µs, deepseek-v3 T = 1024 5464 against 5607), at 8–16 rows
 // 32-row tiles won by 28–41 %; so the rule stands.
-int dynamic_tile_m(int64_t routes, int experts) {
+int dynamic_tile_m(int64_t routes, int experts, int forced) {
+  if (forced > 0) return forced;
   const int64_t per_expert = experts > 0 ? (routes + experts - 1) / experts : routes;
   return 2 * per_expert <= 32 ? 32 : 2 * per_expert <= 64 ? 64 : 128;
 }
@@ -92,9 +93,7 @@ void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace
   // The m-tile (dynamic_bf16.cuh: 256 routed rows; here 32, 64 or 128 from the rows per expert) is
   // chosen before the routing builds the tile list, and with it the path.
   const bool bf16 = dynamic_uses_bf16(c, ws, a.tokens);
-  const int tile_m = bf16          ? dynamic_bf16_tile_m()
-                     : ws.tile_m > 0 ? ws.tile_m
-                                     : dynamic_tile_m(a.tokens * c.top_k, c.local_count());
+  const int tile_m = bf16 ? dynamic_bf16_tile_m() : dynamic_tile_m(a.tokens * c.top_k, c.local_count(), ws.tile_m);
   const int64_t tiles = max_tiles(a.tokens * c.top_k, c.local_count(), tile_m);
   // NVFP4-a4 on the register path: A1 and A2 in f16 and the f16 kernels (dynamic.cuh, kF16).
   const bool f16 = !bf16 && f16_operands(c);

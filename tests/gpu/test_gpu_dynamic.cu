@@ -419,7 +419,7 @@ TEST(GpuDynamicGemm, F16PathMatchesCpuGemmOfDequantisedWeights) {
 
 // The register path's m-tile per call (no GPU needed): the smallest of 32, 64, 128 routed rows that
 // holds twice the average rows per local expert; a small call after a large one picks its own small
-// tile again.
+// tile again; a forced tile (RunnerOptions::dynamic_tile_m) is taken as it is.
 TEST(DynamicTileM, SmallestTileHoldingTwiceTheAverageRowsPerExpert) {
   EXPECT_EQ(gpu::dynamic_tile_m(128 * 8, 128), 32);      // qwen3-30b-a3b T = 128: 8 rows per expert
   EXPECT_EQ(gpu::dynamic_tile_m(16 * 128, 128), 32);     // exactly 16 per expert
@@ -431,6 +431,11 @@ TEST(DynamicTileM, SmallestTileHoldingTwiceTheAverageRowsPerExpert) {
   EXPECT_EQ(gpu::dynamic_tile_m(1, 256), 32);            // T = 1, K = 1
   EXPECT_EQ(gpu::dynamic_tile_m(100000, 1), 128);        // one local expert
   EXPECT_EQ(gpu::dynamic_tile_m(16, 8), 32);             // after a large call, a small one: 32 again
+  // RunnerOptions::dynamic_tile_m: a forced tile wins over the rule, whichever way it differs.
+  EXPECT_EQ(gpu::dynamic_tile_m(1024 * 8, 128, 32), 32);  // the rule says 128
+  EXPECT_EQ(gpu::dynamic_tile_m(128 * 8, 128, 128), 128); // the rule says 32
+  EXPECT_EQ(gpu::dynamic_tile_m(512 * 8, 128, 64), 64);
+  EXPECT_EQ(gpu::dynamic_tile_m(128 * 8, 128, 0), 32);    // 0: the rule
 }
 
 // The bf16 path: the same cases, dequantised once into a copy (all experts at once, and two at a
