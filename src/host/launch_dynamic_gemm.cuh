@@ -14,14 +14,15 @@
 
 namespace fp4moe::gpu {
 
-// The larger of the two variants' (the bf16 one holds the lookup tables).
-template <int BM>
-size_t dynamic_gemm_smem() {
-  return sizeof(kernels::dynamic::Smem<BM, false>);
-}
+// Shared memory of one variant (f16: NVFP4-a4, no lookup tables), and the larger of the two (what
+// the device must offer for the backend to run).
 template <int BM>
 size_t dynamic_gemm_smem(bool f16) {
   return f16 ? sizeof(kernels::dynamic::Smem<BM, true>) : sizeof(kernels::dynamic::Smem<BM, false>);
+}
+template <int BM>
+size_t dynamic_gemm_smem() {
+  return std::max(dynamic_gemm_smem<BM>(true), dynamic_gemm_smem<BM>(false));
 }
 
 // The kernel instance of (FC1 or FC2, operand type): kF16 for p.f16, the NVFP4-a4 variant.
