@@ -45,6 +45,8 @@ class GpuRunner final : public Runner {
       dm_ = std::make_unique<DirectMicroWorkspace>(c, *w_, o.max_tokens);
     // dynamic (prefill, wgmma) has no buffers of its own (generic's routing, gather and combine
     // buffers serve it); its workspace records whether the device can run it.
+    // static: forced only, until the decode sweep places it in kAuto's order.
+    if (o.backend == Backend::kStatic) st_ = std::make_unique<StaticWorkspace>(device_);
     if (o.backend == Backend::kDynamic || o.backend == Backend::kAuto) {
       dyn_ = std::make_unique<DynamicWorkspace>(device_);
       dyn_->tile_m = o.dynamic_tile_m;
@@ -81,6 +83,12 @@ class GpuRunner final : public Runner {
           return false;
         }
         return dynamic_supports(*dyn_, why);
+      case Backend::kStatic:
+        if (!st_) {
+          if (why) *why = "static is only built for runners created with backend = kStatic";
+          return false;
+        }
+        return static_supports(c_, *st_, T, why);
       default:
         if (why) *why = "this backend is not built yet";
         return false;
@@ -92,7 +100,7 @@ class GpuRunner final : public Runner {
   }
 
   size_t workspace_bytes() const override {
-    return generic_->bytes() + (dm_ ? dm_->bytes() : 0) + (dyn_ ? dyn_->bytes() : 0);
+    return generic_->bytes() + (dm_ ? dm_->bytes() : 0) + (dyn_ ? dyn_->bytes() : 0) + (st_ ? st_->bytes() : 0);
   }
 
   void run(Backend backend, const void* x, const void* ids, IndexType ids_type, const float* topk_weights, void* out,
@@ -104,6 +112,7 @@ class GpuRunner final : public Runner {
     const RunArgs a{x, ids, ids_type, topk_weights, out, T, stream};
     if (backend == Backend::kDirectMicro) launch_direct_micro(c_, *w_, *dm_, a);
     else if (backend == Backend::kDynamic) launch_dynamic(c_, *w_, *generic_, *dyn_, a);
+    else if (backend == Backend::kStatic) launch_static(c_, *w_, *generic_, *st_, a);
     else launch_generic(c_, *w_, *generic_, a);
   }
 
@@ -114,6 +123,7 @@ class GpuRunner final : public Runner {
   std::unique_ptr<GenericWorkspace> generic_;
   std::unique_ptr<DirectMicroWorkspace> dm_;
   std::unique_ptr<DynamicWorkspace> dyn_;
+  std::unique_ptr<StaticWorkspace> st_;
 };
 
 }  // namespace

@@ -13,6 +13,9 @@
 
 namespace fp4moe::kernels {
 struct MoeGemmParams;  // kernels/common/moe_gemm.cuh
+namespace static_moe {
+struct Params;  // kernels/static_moe.cuh
+}
 }
 
 namespace fp4moe::gpu {
@@ -73,6 +76,8 @@ struct DynamicWorkspace {
   int tile_m = 0;  // the register path's m-tile (RunnerOptions::dynamic_tile_m): 0 = dynamic_tile_m per call
 };
 bool dynamic_supports(const DynamicWorkspace& ws, std::string* why);
+// Why `device` cannot run the wgmma kernels with `smem` bytes of shared memory per CTA (empty: it can).
+std::string wgmma_device_problem(int device, size_t smem);
 void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& gws, DynamicWorkspace& ws,
                     const RunArgs& a);
 // The dynamic GEMM alone, for the kernel-level tests: p with its tile schedule already on the device,
@@ -120,6 +125,32 @@ void launch_dynamic_bf16_groups(const MoeConfig& c, const DeviceWeights& w, Gene
 // included); dequantises, then multiplies.
 void launch_dynamic_bf16_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, bool fc1,
                               int64_t max_tiles, int* watchdog, cudaStream_t stream);
+
+// ---- static: routing, gather, FC1, FC2 and the top-k sum in one cooperative launch ----------------
+// (kernels/static_moe.cuh: dynamic's register-path CTA, four grid barriers). Uses the
+// GenericWorkspace's buffers; owns the grid barrier's two words and the device facts.
+// Routes (T·K) static takes: CTA 0 routes them alone (its loops are 384 routes a step), and past a
+// few thousand routes dynamic is the backend to use anyway.
+inline constexpr int64_t kStaticMaxRoutes = 4096;
+struct StaticWorkspace {
+  explicit StaticWorkspace(int device);
+  size_t bytes() const { return barrier.bytes(); }
+  int sms = 0;
+  std::string unsupported;  // why this device cannot run the kernels (empty: it can)
+  DeviceBuffer barrier;     // grid barrier: count, epoch (zeroed once; grid_barrier.cuh)
+};
+// Whether static takes T = tokens: the device can run it and T·K <= kStaticMaxRoutes.
+bool static_supports(const MoeConfig& c, const StaticWorkspace& ws, int64_t tokens, std::string* why);
+// The m-tile of a call: dynamic_tile_m's rule with 64 rows at most (kernels for 32 and 64).
+int static_tile_m(int64_t routes, int experts);
+void launch_static(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& gws, StaticWorkspace& ws,
+                   const RunArgs& a);
+// Per m-tile width BM (32, 64): opt-in and checks (empty, or why the kernels cannot run here), and
+// the launch of a grid of every SM's resident CTAs (launch_static_moe.cuh).
+template <int BM>
+std::string static_opt_in();
+template <int BM>
+void launch_static_bm(const kernels::static_moe::Params& p, int sms, cudaStream_t s);
 
 // ---- direct_micro: one cooperative launch for decode ---------------------------------------------
 struct DirectMicroWorkspace {

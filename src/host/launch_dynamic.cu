@@ -38,20 +38,24 @@ int dynamic_n_tiles(const kernels::MoeGemmParams& p, bool fc1) {
   return fc1 && p.gated ? p.i_pad / (dk::BN / 2) : (p.w_rows + dk::BN - 1) / dk::BN;
 }
 
-DynamicWorkspace::DynamicWorkspace(int device) {
-  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+std::string wgmma_device_problem(int device, size_t smem) {
   int major = 0, optin = 0;
   FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (major != 9) {
-    unsupported = "needs an sm_90 (Hopper) GPU for wgmma, device " + std::to_string(device) + " is sm_" +
-                  std::to_string(major) + "x";
-  } else if (const size_t need = std::max({dynamic_gemm_smem<32>(), dynamic_gemm_smem<64>(), dynamic_gemm_smem<128>(),
-                                           dynamic_bf16_smem_bytes()});
-             static_cast<size_t>(optin) < need) {
-    unsupported = "needs " + std::to_string(need) + " bytes of shared memory per CTA, device " +
-                  std::to_string(device) + " allows " + std::to_string(optin);
-  } else {
+  if (major != 9)
+    return "needs an sm_90 (Hopper) GPU for wgmma, device " + std::to_string(device) + " is sm_" +
+           std::to_string(major) + "x";
+  if (static_cast<size_t>(optin) < smem)
+    return "needs " + std::to_string(smem) + " bytes of shared memory per CTA, device " + std::to_string(device) +
+           " allows " + std::to_string(optin);
+  return {};
+}
+
+DynamicWorkspace::DynamicWorkspace(int device) {
+  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  unsupported = wgmma_device_problem(device, std::max({dynamic_gemm_smem<32>(), dynamic_gemm_smem<64>(),
+                                                       dynamic_gemm_smem<128>(), dynamic_bf16_smem_bytes()}));
+  if (unsupported.empty()) {
     dynamic_bf16_opt_in();
     for (std::string why : {dynamic_gemm_opt_in<32>(), dynamic_gemm_opt_in<64>(), dynamic_gemm_opt_in<128>()})
       if (unsupported.empty() && !why.empty()) unsupported = why;

@@ -35,25 +35,34 @@ const void* dynamic_gemm_kernel(bool fc1, bool f16) {
              : reinterpret_cast<const void*>(dk::gemm_kernel<false, BM, false>);
 }
 
+// A register-path kernel `k` (dynamic's gemm_kernel, static's static_kernel) of m-tile BM and
+// variant f16, once per device (the caller has made it current): opts it into its shared memory
+// (above 48 KB a kernel must) and checks its registers. Returns why it cannot run (empty: it can).
+template <int BM>
+std::string register_path_opt_in(const void* k, bool f16, const std::string& name) {
+  namespace dk = kernels::dynamic;
+  FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(dynamic_gemm_smem<BM>(f16))));
+  // The consumers' setmaxnreg.inc draws on the registers the CTA was launched with; had ptxas
+  // given fewer than kLaunchRegs, it would wait forever. Refuse instead of hanging.
+  cudaFuncAttributes attr{};
+  FP4MOE_CUDA_CHECK(cudaFuncGetAttributes(&attr, k));
+  const int want = f16 ? dk::kLaunchRegs<BM, true> : dk::kLaunchRegs<BM, false>;
+  if (attr.numRegs != want)
+    return name + " was built with " + std::to_string(attr.numRegs) +
+           " registers per thread; its register hand-over assumes " + std::to_string(want);
+  return {};
+}
+
 // Returns why the kernels cannot run here (empty: they can).
 template <int BM>
 std::string dynamic_gemm_opt_in() {
-  namespace dk = kernels::dynamic;
   for (const bool fc1 : {true, false})
     for (const bool f16 : {true, false}) {
-      const void* k = dynamic_gemm_kernel<BM>(fc1, f16);
-      // Above 48 KB a kernel must opt in, once per device (the caller has made the device current).
-      FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(dynamic_gemm_smem<BM>(f16))));
-      // The consumers' setmaxnreg.inc draws on the registers the CTA was launched with; had ptxas
-      // given fewer than kLaunchRegs, it would wait forever. Refuse instead of hanging.
-      cudaFuncAttributes attr{};
-      FP4MOE_CUDA_CHECK(cudaFuncGetAttributes(&attr, k));
-      const int want = f16 ? dk::kLaunchRegs<BM, true> : dk::kLaunchRegs<BM, false>;
-      if (attr.numRegs != want)
-        return "gemm_kernel (BM " + std::to_string(BM) + (fc1 ? ", fc1" : ", fc2") + (f16 ? ", f16" : ", bf16") +
-               ") was built with " + std::to_string(attr.numRegs) +
-               " registers per thread; its register hand-over assumes " + std::to_string(want);
+      const std::string why = register_path_opt_in<BM>(
+          dynamic_gemm_kernel<BM>(fc1, f16), f16,
+          "gemm_kernel (BM " + std::to_string(BM) + (fc1 ? ", fc1" : ", fc2") + (f16 ? ", f16)" : ", bf16)"));
+      if (!why.empty()) return why;
     }
   return {};
 }

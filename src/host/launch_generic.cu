@@ -4,7 +4,7 @@
 
 #include "fp4moe/errors.h"
 #include "host/launch.h"
-#include "kernels/common/routing.cuh"
+#include "kernels/route.cuh"
 #include "kernels/generic.cuh"
 
 namespace fp4moe::gpu {

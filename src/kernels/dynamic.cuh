@@ -229,20 +229,22 @@ __device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, u
 // proxy → "full". So each producer thread keeps kLag stages of copies in flight. kLag ≤ kRing - 2:
 // the producer issues stage j + kLag (which signals j) only after the consumers have released
 // stage j + kLag - kRing, which they do while working on stage j + kLag - kRing + 1 ≤ j - 1.
-// The last kLag stages after the loop (hand_over_last; `it`: the stages issued).
+// The last kLag stages after the loop (hand_over_last; `it`: the stages issued). `n`: how many of
+// the stages before `it` this run of the producer issued (the static backend runs it once per GEMM
+// on one ring, static_moe.cuh; its first stage is it - n): only those are handed over here.
 template <int kRing, int kLag>
-__device__ __forceinline__ void hand_over(uint64_t* full, uint32_t it) {
+__device__ __forceinline__ void hand_over(uint64_t* full, uint32_t it, uint32_t n) {
   static_assert(kLag >= 1 && kLag <= kRing - 2, "the consumers must be able to release what the producer waits for");
-  if (it < kLag) return;
+  if (n < kLag) return;
   ptx::cp_async_wait<kLag>();     // this thread's copies of stage it - kLag have landed
   ptx::fence_proxy_async_smem();  // its generic-proxy writes → visible to wgmma (async proxy)
   ptx::mbar_arrive(&full[(it - kLag) % kRing]);
 }
 template <int kRing, int kLag>
-__device__ __forceinline__ void hand_over_last(uint64_t* full, uint32_t it) {
+__device__ __forceinline__ void hand_over_last(uint64_t* full, uint32_t it, uint32_t n) {
   ptx::cp_async_wait<0>();
   ptx::fence_proxy_async_smem();
-  for (uint32_t j = it > kLag ? it - kLag : 0; j < it; ++j) ptx::mbar_arrive(&full[j % kRing]);
+  for (uint32_t j = it - min(n, static_cast<uint32_t>(kLag)); j < it; ++j) ptx::mbar_arrive(&full[j % kRing]);
 }
 
 // Row tile j (weight rows 16j.. of the n-tile) of the work item: whether it is inside w_rows
@@ -297,16 +299,18 @@ __device__ __forceinline__ void copy_w(const MoeGemmParams& p, SmemT& sm, const 
 
 // Producer warpgroup. Stage `it` is signalled "full" kLag steps late, after the copies of stage
 // it + kLag are issued (hand_over), so kLag stages of copies are in flight per thread.
+// it: the ring's stages this thread has used so far (0 for the dynamic backend's one GEMM; the static
+// backend runs FC1 and then FC2 on one ring), advanced past this GEMM's; consume takes the same.
 template <bool kFc1, int BM, bool kF16>
 __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, int work,
-                                        const ptx::Watchdog& wd) {
+                                        const ptx::Watchdog& wd, uint32_t& it) {
   const int t = threadIdx.x;  // 0..127
   const int ktiles = p.k_pad / BK, sb = 64 / p.block;
   // The lag leaves the consumers two stages of slack: stage j is signalled once the consumers have
   // released stage j - 3 (kLag = kRing - 3), i.e. while they work on stage j - 2, so the producer's
   // reaction (its wait, a stage of copies) is off their path unless it takes longer than two stages.
   constexpr int kRing = Smem<BM, kF16>::kStages, kLag = kRing - 3;
-  uint32_t it = 0;
+  const uint32_t it0 = it;
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = tile_info<BM>(p, w, n_tiles);
     const WeightCopies wc = weight_copies<kFc1>(p, ti, t, sb);
@@ -316,10 +320,10 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem<BM, kF16>& 
       copy_a<BM>(p, sm.a[s], ti.row0, ti.valid, kt, t);
       copy_w(p, sm, wc, s, kt, t, sb);
       ptx::cp_async_commit();  // one group per stage
-      hand_over<kRing, kLag>(sm.full, it);
+      hand_over<kRing, kLag>(sm.full, it, it - it0);
     }
   }
-  hand_over_last<kRing, kLag>(sm.full, it);
+  hand_over_last<kRing, kLag>(sm.full, it, it - it0);
 }
 
 // Consumer warpgroup c (0 or 1): weight rows [64c, 64c + 64) of each n-tile against all BM routed
@@ -332,7 +336,7 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem<BM, kF16>& 
 // profile counted 68 instructions per HGMMA in all, NOTES session 11), and the wgmma reads f16.
 template <bool kFc1, int BM, bool kF16>
 __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, int work,
-                                        const ptx::Watchdog& wd) {
+                                        const ptx::Watchdog& wd, uint32_t& it) {
   const int c = threadIdx.x / kWarpgroup - 1;
   const int t = threadIdx.x % kWarpgroup, warp = t >> 5, lane = t & 31;
   const int ct = threadIdx.x - kWarpgroup;  // 0..255: this thread among both consumers (epilogue)
@@ -344,7 +348,6 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
   float acc[BM / 2];
 #pragma unroll
   for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
-  uint32_t it = 0;
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = tile_info<BM>(p, w, n_tiles);
     const float rw = kFc1 ? 0.0f : router_weight(p, ti, ct);
@@ -430,10 +433,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<BM, kF16>) gemm_kernel(Mo
                 "the consumers' setmaxnreg.inc would wait forever for registers the CTA's pool lacks");
   if (threadIdx.x < kWarpgroup) {
     ptx::setmaxnreg_dec<kProducerRegs>();
-    produce<kFc1, BM, kF16>(p, sm, n_tiles, work, wd);
+    uint32_t it = 0;
+    produce<kFc1, BM, kF16>(p, sm, n_tiles, work, wd, it);
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs<BM, kF16>>();
-    consume<kFc1, BM, kF16>(p, sm, n_tiles, work, wd);
+    uint32_t it = 0;
+    consume<kFc1, BM, kF16>(p, sm, n_tiles, work, wd, it);
   }
 }
 

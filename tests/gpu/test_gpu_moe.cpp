@@ -45,6 +45,9 @@ int64_t direct_micro_capacity(const MoeConfig& c) {
   return c.format == WeightFormat::kNVFP4 && c.mode == ActMode::kA4 ? 1024 : 512;
 }
 
+// T·K that forced static takes (launch.h kStaticMaxRoutes: its routing runs in one CTA), on sm_90.
+constexpr int64_t kStaticCapacity = 4096;
+
 // Inputs of a problem on the device.
 struct DeviceInputs {
   DeviceArray<uint16_t> x;
@@ -128,19 +131,20 @@ RunnerOptions with_bf16_copy(RunnerOptions o) {
 void expect_matches_reference(const ProblemSpec& spec, RunnerOptions o = {}, IndexType it = IndexType::kInt32) {
   const Problem p = testkit::make_problem(spec);
   const bool bf16_reachable = spec.tokens * spec.config.top_k >= spec.config.num_experts && device_is_sm90();
-  for (int variant = 0; variant < 5; ++variant) {
-    const Backend b = variant < 4 ? std::array{Backend::kAuto, Backend::kGeneric, Backend::kDirectMicro,
-                                               Backend::kDynamic}[variant]
+  for (int variant = 0; variant < 6; ++variant) {
+    const Backend b = variant < 5 ? std::array{Backend::kAuto, Backend::kGeneric, Backend::kDirectMicro,
+                                               Backend::kStatic, Backend::kDynamic}[variant]
                                   : Backend::kDynamic;
     if (b == Backend::kDirectMicro && spec.tokens * spec.config.top_k > direct_micro_capacity(spec.config))
       continue;
-    if (variant == 4 && !bf16_reachable) continue;
-    RunnerOptions ob = variant == 4 ? with_bf16_copy(o) : o;
+    if (b == Backend::kStatic && (!device_is_sm90() || spec.tokens * spec.config.top_k > kStaticCapacity)) continue;
+    if (variant == 5 && !bf16_reachable) continue;
+    RunnerOptions ob = variant == 5 ? with_bf16_copy(o) : o;
     ob.backend = b;
     const auto out = run_on_gpu(p, ob, it);
     const auto acc = check_against_reference(p, out.data(), testkit::default_tolerance(spec.config));
     EXPECT_TRUE(acc.pass) << spec.config.to_string() << " T=" << spec.tokens << " backend " << to_string(b)
-                          << (variant == 4 ? " (bf16 copy)" : "") << ": " << acc.summary();
+                          << (variant == 5 ? " (bf16 copy)" : "") << ": " << acc.summary();
   }
 }
 
@@ -608,7 +612,34 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
   MoeRunner auto16(c16, w16, {.max_tokens = 4096});
   EXPECT_EQ(auto16.plan(64), Backend::kDirectMicro);
   EXPECT_NE(auto16.plan(65), Backend::kDirectMicro);
-  EXPECT_THROW(MoeRunner(c, w, {.max_tokens = 8, .backend = Backend::kStatic}).plan(1), Unsupported);
+  // Forced static (sm_90): up to 4096 routes (kStaticCapacity); micro is not built.
+  MoeRunner forced_static(c, w, {.max_tokens = 4096, .backend = Backend::kStatic});
+  if (device_is_sm90()) {
+    EXPECT_EQ(forced_static.plan(512), Backend::kStatic);  // 4096 routes
+    EXPECT_ERROR(Unsupported, forced_static.plan(513), "options.backend", "T·K = 513·8 = 4104", "past the 4096");
+  } else {
+    EXPECT_ERROR(Unsupported, forced_static.plan(1), "options.backend", "sm_90");
+  }
+  EXPECT_THROW(MoeRunner(c, w, {.max_tokens = 8, .backend = Backend::kMicro}).plan(1), Unsupported);
+}
+
+// static: one launch with four grid barriers, so a graph replays it with the barrier's words where
+// the last replay left them; every replay bit-identical, and a small call after a large one on the
+// same runner (the tile list and rows of the large call still in the workspace) matches too.
+TEST(GpuRunner, StaticDeterministicInAGraphAndAfterALargerCall) {
+  REQUIRE_GPU();
+  if (!device_is_sm90()) GTEST_SKIP() << "static needs sm_90 (wgmma)";
+  for (ActMode m : {ActMode::kA4, ActMode::kA16}) {
+    const MoeConfig c = make_config(64, 512, 256, 8, WeightFormat::kNVFP4, m, Activation::kSilu, true);
+    const Problem p = testkit::make_problem({c, 20, 83});
+    Problem big = testkit::make_problem({c, 400, 84}), small = testkit::make_problem({c, 3, 85});
+    big.checkpoint = small.checkpoint = p.checkpoint;
+    PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
+    MoeRunner r(c, w, {.max_tokens = 400, .backend = Backend::kStatic});
+    ASSERT_EQ(r.plan(400), Backend::kStatic);
+    for (const Problem* q : {&big, &small, &big}) expect_run_matches_reference(r, *q);
+    expect_graph_replays_deterministic(p, r, 20);
+  }
 }
 
 TEST(GpuRunner, DirectMicroDeterministicAndInAGraph) {

@@ -12,7 +12,8 @@
 //
 // Past kRouteChunk routes the same steps run on many CTAs in three launches (route_count_kernel,
 // route_scan_kernel, route_place_kernel): one CTA took 0.28 ms for qwen3-30b-a3b T = 16384's 131072
-// routes and 38 µs for T = 2048's 16384 (NOTES session 7).
+// routes and 38 µs for T = 2048's 16384 (NOTES session 7). The kernels are in kernels/route.cuh; the
+// steps are here, where the static backend (static_moe.cuh) runs them inside its own launch.
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -54,111 +55,50 @@ __device__ __forceinline__ void record_route(const RoutingParams& p, int64_t r, 
   p.route_row[r] = row;
 }
 
-// Thread tid of a kRouteThreads CTA holds local expert tid's route count (0 past the experts): the
-// exclusive scans give each expert its first row and first m-tile, written with the tile list and
-// the totals. Returns the expert's first row. Shared by the one-CTA routing and the many-CTA scan.
-template <class Scan>
-__device__ __forceinline__ int scan_counts_and_list_tiles(const RoutingParams& p, typename Scan::TempStorage& storage,
-                                                          int count) {
-  const int tid = threadIdx.x;
-  const int tiles = (count + p.tile_m - 1) / p.tile_m;
-  int row0, tile0, total_rows, total_tiles;
+// Thread tid of the CTA holds the route counts of local experts kItems·tid … kItems·tid + kItems − 1
+// (0 past the experts; Scan a cub::BlockScan over the CTA's threads, which must cover the experts):
+// the exclusive scans give each expert its first row and first m-tile, written with the tile list
+// and the totals; row0[i] is expert kItems·tid + i's first row. Shared by the one-CTA routing, the
+// many-CTA scan (kItems = 1, kRouteThreads threads) and the static backend's in-kernel routing
+// (static_moe.cuh: 384 threads, up to 3 experts each).
+template <class Scan, int kItems>
+__device__ __forceinline__ void scan_counts_and_list_tiles(const RoutingParams& p, typename Scan::TempStorage& storage,
+                                                           int (&count)[kItems], int (&row0)[kItems]) {
+  int tiles[kItems], tile0[kItems], total_rows, total_tiles;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) tiles[i] = (count[i] + p.tile_m - 1) / p.tile_m;
   Scan(storage).ExclusiveSum(count, row0, total_rows);
   __syncthreads();
   Scan(storage).ExclusiveSum(tiles, tile0, total_tiles);
-  if (tid < p.experts) {
-    p.expert_offset[tid] = row0;
-    p.expert_tile_offset[tid] = tile0;
-    for (int m = 0; m < tiles; ++m) {
-      p.tile_expert[tile0 + m] = tid;
-      p.tile_row0[tile0 + m] = row0 + m * p.tile_m;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int e = kItems * static_cast<int>(threadIdx.x) + i;
+    if (e >= p.experts) break;
+    p.expert_offset[e] = row0[i];
+    p.expert_tile_offset[e] = tile0[i];
+    for (int m = 0; m < tiles[i]; ++m) {
+      p.tile_expert[tile0[i] + m] = e;
+      p.tile_row0[tile0[i] + m] = row0[i] + m * p.tile_m;
     }
   }
-  if (tid == 0) {
+  if (threadIdx.x == 0) {
     p.expert_offset[p.experts] = total_rows;
     p.expert_tile_offset[p.experts] = total_tiles;
     *p.num_tiles = total_tiles;
   }
-  return row0;
+}
+template <class Scan>
+__device__ __forceinline__ int scan_counts_and_list_tiles(const RoutingParams& p, typename Scan::TempStorage& storage,
+                                                          int count) {
+  int counts[1] = {count};
+  int row0[1];
+  scan_counts_and_list_tiles<Scan, 1>(p, storage, counts, row0);
+  return row0[0];
 }
 
-__global__ void __launch_bounds__(kRouteThreads) route_kernel(RoutingParams p) {
-  using Scan = cub::BlockScan<int, kRouteThreads>;
-  __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int cursor[kRouteThreads];
-  const int tid = threadIdx.x;
-
-  cursor[tid] = 0;
-  __syncthreads();
-  for (int64_t r = tid; r < p.routes; r += kRouteThreads) {
-    const int e = local_expert(p, r);
-    if (e >= 0) atomicAdd(&cursor[e], 1);
-  }
-  __syncthreads();
-
-  const int row0 = scan_counts_and_list_tiles<Scan>(p, scan_storage, tid < p.experts ? cursor[tid] : 0);
-  __syncthreads();
-  cursor[tid] = row0;  // now the next free row of expert tid
-  __syncthreads();
-
-  for (int64_t r = tid; r < p.routes; r += kRouteThreads) {
-    const int e = local_expert(p, r);
-    record_route(p, r, e, e >= 0 ? atomicAdd(&cursor[e], 1) : -1);
-  }
-}
-
-// ---- many CTAs: chunks of kRouteChunk routes, one per CTA -----------------------------------------
+// Past kRouteChunk routes the pre-pass runs on many CTAs, one chunk of routes each (route.cuh).
 inline constexpr int kRouteChunk = 2048;
 inline constexpr int kRouteChunkThreads = 512;
 inline constexpr int kRouteMaxExperts = kRouteThreads;  // local experts: one scan thread each
-
-// Histogram of this CTA's chunk in shared memory (hist: kRouteMaxExperts ints).
-__device__ __forceinline__ void chunk_histogram(const RoutingParams& p, int* hist) {
-  for (int e = threadIdx.x; e < p.experts; e += blockDim.x) hist[e] = 0;
-  __syncthreads();
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRouteChunk;
-  const int64_t r1 = min(p.routes, r0 + kRouteChunk);
-  for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
-    const int e = local_expert(p, r);
-    if (e >= 0) atomicAdd(&hist[e], 1);
-  }
-  __syncthreads();
-}
-
-// 1. counts[e] += this chunk's routes to e (counts zeroed before the launch).
-__global__ void __launch_bounds__(kRouteChunkThreads) route_count_kernel(RoutingParams p, int* counts) {
-  __shared__ int hist[kRouteMaxExperts];
-  chunk_histogram(p, hist);
-  for (int e = threadIdx.x; e < p.experts; e += blockDim.x)
-    if (hist[e] > 0) atomicAdd(&counts[e], hist[e]);
-}
-
-// 2. One CTA of kRouteThreads: the scans and the tile list from counts (scan_counts_and_list_tiles,
-// as route_kernel); cursor[e] = expert e's first row.
-__global__ void __launch_bounds__(kRouteThreads) route_scan_kernel(RoutingParams p, const int* counts, int* cursor) {
-  using Scan = cub::BlockScan<int, kRouteThreads>;
-  __shared__ typename Scan::TempStorage scan_storage;
-  const int tid = threadIdx.x;
-  const int row0 = scan_counts_and_list_tiles<Scan>(p, scan_storage, tid < p.experts ? counts[tid] : 0);
-  if (tid < p.experts) cursor[tid] = row0;
-}
-
-// 3. Per chunk again: the histogram, one global atomic per touched expert to take a run of rows,
-// then each route a row of its expert's run.
-__global__ void __launch_bounds__(kRouteChunkThreads) route_place_kernel(RoutingParams p, int* cursor) {
-  __shared__ int hist[kRouteMaxExperts], base[kRouteMaxExperts];
-  chunk_histogram(p, hist);
-  for (int e = threadIdx.x; e < p.experts; e += blockDim.x) {
-    base[e] = hist[e] > 0 ? atomicAdd(&cursor[e], hist[e]) : 0;
-    hist[e] = 0;  // now the next free row of the run
-  }
-  __syncthreads();
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRouteChunk;
-  const int64_t r1 = min(p.routes, r0 + kRouteChunk);
-  for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
-    const int e = local_expert(p, r);
-    record_route(p, r, e, e >= 0 ? base[e] + atomicAdd(&hist[e], 1) : -1);
-  }
-}
 
 }  // namespace fp4moe::kernels

@@ -1,0 +1,80 @@
+// Launch of the static backend (src/kernels/static_moe.cuh): routing, gather-quantise, FC1, FC2 and
+// the top-k sum in one cooperative launch of dynamic's register-path CTA.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "fp4moe/errors.h"
+#include "host/launch.h"
+#include "kernels/static_moe.cuh"
+
+namespace fp4moe::gpu {
+
+namespace sk = kernels::static_moe;
+static_assert(kMaxExperts <= sk::kMaxExperts, "the in-kernel routing counts every local expert a config can have");
+
+StaticWorkspace::StaticWorkspace(int device) {
+  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int cooperative = 0;
+  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device));
+  // Its CTAs are dynamic's register-path CTAs (m-tiles of 32 and 64 rows).
+  unsupported = wgmma_device_problem(device, std::max(dynamic_gemm_smem<32>(), dynamic_gemm_smem<64>()));
+  if (unsupported.empty() && !cooperative)
+    unsupported = "needs cooperative launches, which device " + std::to_string(device) + " does not offer";
+  if (!unsupported.empty()) return;
+  for (std::string why : {static_opt_in<32>(), static_opt_in<64>()})
+    if (unsupported.empty() && !why.empty()) unsupported = why;
+  barrier = DeviceBuffer(2 * sizeof(unsigned), "workspace.static_barrier");
+  FP4MOE_CUDA_CHECK(cudaMemset(barrier.get(), 0, barrier.bytes()));
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any stream uses it
+}
+
+bool static_supports(const MoeConfig& c, const StaticWorkspace& ws, int64_t tokens, std::string* why) {
+  if (!ws.unsupported.empty()) {
+    if (why) *why = ws.unsupported;
+    return false;
+  }
+  if (tokens * c.top_k > kStaticMaxRoutes) {
+    if (why) *why = detail::concat("T·K = ", tokens, "·", c.top_k, " = ", tokens * c.top_k, " routes is past the ",
+                                   kStaticMaxRoutes, " that static routes in one CTA (dynamic takes more)");
+    return false;
+  }
+  return true;
+}
+
+// dynamic's rule (twice the average rows per expert), with 64 rows the largest tile: static serves
+// at most kStaticMaxRoutes routes, so a 128-row tile would only be chosen past 64 routes per expert
+// (few experts), where dynamic is the backend to use.
+int static_tile_m(int64_t routes, int experts) { return std::min(dynamic_tile_m(routes, experts), 64); }
+
+void launch_static(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& gws, StaticWorkspace& ws,
+                   const RunArgs& a) {
+  FP4MOE_REQUIRE(ws.unsupported.empty(), Unsupported, "backend", "static: ", ws.unsupported);
+  const int64_t R = a.tokens * c.top_k;
+  FP4MOE_REQUIRE(R <= kStaticMaxRoutes, Unsupported, "num_tokens", "static takes up to ", kStaticMaxRoutes,
+                 " routes, got T·K = ", R);
+  const int tile_m = static_tile_m(R, c.local_count());
+  const bool f16 = f16_operands(c);
+  sk::Params p{};
+  p.route = {a.ids, a.ids_type == IndexType::kInt64, R, c.local_expert_first, c.local_count(), tile_m,
+             gws.expert_offset.get<int>(), gws.expert_tile_offset.get<int>(), gws.route_row.get<int>(),
+             gws.row_route.get<int>(), gws.row_expert.get<int>(), gws.tile_expert.get<int>(), gws.tile_row0.get<int>(),
+             gws.num_tiles.get<int>()};
+  p.gather = {static_cast<const __nv_bfloat16*>(a.x), static_cast<int>(a.tokens), c.hidden, w.h_pad, c.top_k,
+              kernels::quant_kind(c.format, c.mode), w.fc1_input_scale.get<float>(), gws.route_row.get<int>(),
+              gws.row_expert.get<int>(), gws.a1.get<__nv_bfloat16>(), f16};
+  p.fc1 = moe_gemm_params(c, w, gws, a, true);
+  p.fc2 = moe_gemm_params(c, w, gws, a, false);
+  p.fc1.f16 = p.fc2.f16 = f16;
+  p.n1_tiles = dynamic_n_tiles(p.fc1, true);
+  p.n2_tiles = dynamic_n_tiles(p.fc2, false);
+  p.combine = {gws.y.get<float>(), gws.route_row.get<int>(), c.top_k, c.hidden, a.out,
+               c.output_dtype == OutputDType::kFP32};
+  p.tokens = static_cast<int>(a.tokens);
+  p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
+  p.watchdog = nullptr;  // pipeline waits without a time limit, as dynamic's production launches
+  if (tile_m == 32) launch_static_bm<32>(p, ws.sms, a.stream);
+  else launch_static_bm<64>(p, ws.sms, a.stream);
+}
+
+}  // namespace fp4moe::gpu

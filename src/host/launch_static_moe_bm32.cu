@@ -1,0 +1,6 @@
+// The static backend with m-tiles of 32 routed rows (launch_static_moe.cuh).
+#include "host/launch_static_moe.cuh"
+
+namespace fp4moe::gpu {
+FP4MOE_INSTANTIATE_STATIC(32)
+}  // namespace fp4moe::gpu

@@ -1,0 +1,110 @@
+// The generic path's gather-quantise (x → A1) and top-k sum (Y → out), as device functions: the
+// generic path's kernels (generic.cuh) run them one unit per warp or thread, the static backend
+// (static_moe.cuh) inside its own launch.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cstdint>
+
+#include "fp4moe/config.h"
+#include "kernels/common/epilogue.cuh"
+#include "kernels/common/quantize.cuh"
+
+namespace fp4moe::kernels::generic {
+
+// x[t] → A1[row] for every routed row of token t. One warp per (token, 32 quantisation blocks of its
+// hidden), one block per lane: the lane reads its block of x once, then for each of the token's K
+// routes (slot order; unrouted slots, -1, skipped) quantises it with the route's expert's scale and
+// stores it. The quantisation is redone only when that scale differs from the previous route's (bit
+// for bit): MX formats and a16 have no per-expert scale, and an NVFP4 checkpoint's experts often
+// share one. Why: one warp per routed row read each token K times and quantised it K times; at
+// qwen3-30b-a3b T = 16384 (K = 8) it took 0.68 ms for ~0.6 GB of traffic (NOTES session 7).
+struct GatherParams {
+  const __nv_bfloat16* x;  // [T, H]
+  int tokens, hidden, h_pad, top_k;
+  QuantKind q1;
+  const float* q1_scale;   // [E_local]
+  const int* route_row;    // [T·K]: the slot's routed row, or -1
+  const int* row_expert;   // [rows]: the row's local expert
+  __nv_bfloat16* a1;       // [rows][h_pad]
+  bool a1_f16;             // A1 in f16 (dynamic's NVFP4-a4 register path; store_act8)
+};
+
+inline constexpr int kGatherWarps = 8;
+static_assert(kMaxTopK <= 32, "gather_block holds one routing slot per lane");
+// Warps per token: 32 blocks each.
+__host__ __device__ inline int gather_chunks(int h_pad, QuantKind q) { return (h_pad / quant_block(q) + 31) / 32; }
+
+// The token's routes are loaded once per warp, lane j holding slot j's row and its expert's scale
+// (K ≤ 32), and broadcast by shuffles: loading them per slot made three dependent global loads
+// (route_row, row_expert, q1_scale) per route, 24 round trips per warp at K = 8.
+template <int kBlock>
+__device__ __forceinline__ void gather_block(const GatherParams& p, int t, int b, bool active, int lane) {
+  const int slot_row = lane < p.top_k ? p.route_row[static_cast<int64_t>(t) * p.top_k + lane] : -1;
+  const float slot_g = slot_row >= 0 ? p.q1_scale[p.row_expert[slot_row]] : 0.0f;
+  float v[kBlock];
+  if (active && b * kBlock < p.hidden) {
+    const __nv_bfloat16* xb = p.x + static_cast<int64_t>(t) * p.hidden + b * kBlock;
+#pragma unroll
+    for (int i = 0; i < kBlock; i += 8) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(xb + i);
+      const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[i + j] = __bfloat162float(h[j]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kBlock; ++i) v[i] = 0.0f;  // padding columns: quantise to zeros in every format
+  }
+  __nv_bfloat16 q[kBlock];
+  uint32_t done_scale = 0;
+  bool done = false;
+  for (int j = 0; j < p.top_k; ++j) {
+    const int row = __shfl_sync(0xffffffffu, slot_row, j);
+    const float g = __shfl_sync(0xffffffffu, slot_g, j);
+    if (row < 0 || !active) continue;
+    if (!done || __float_as_uint(g) != done_scale) {
+      quant_dequant_block(p.q1, v, g, q);
+      done_scale = __float_as_uint(g);
+      done = true;
+    }
+    __nv_bfloat16* dst = p.a1 + static_cast<int64_t>(row) * p.h_pad + b * kBlock;
+#pragma unroll
+    for (int i = 0; i < kBlock; i += 8) store_act8(dst + i, q + i, p.a1_f16);
+  }
+}
+
+// Work unit `warp` of tokens · gather_chunks: token warp / chunks, its 32 blocks of chunk warp % chunks.
+// Whole warps: the unit is the warp's (a unit past the tokens does nothing).
+__device__ __forceinline__ void gather_unit(const GatherParams& p, int64_t warp, int lane) {
+  const int chunks = gather_chunks(p.h_pad, p.q1);
+  const int t = static_cast<int>(warp / chunks);
+  const int b = static_cast<int>(warp % chunks) * 32 + lane;
+  if (t >= p.tokens) return;
+  if (quant_block(p.q1) == 16) gather_block<16>(p, t, b, b < p.h_pad / 16, lane);
+  else gather_block<32>(p, t, b, b < p.h_pad / 32, lane);
+}
+
+// out[t, c..c+3] = Σ_j Y[route_row[t·K + j], c..c+3] in slot order; unrouted slots add nothing.
+struct CombineParams {
+  const float* y;
+  const int* route_row;
+  int top_k, hidden;
+  void* out;
+  bool out_fp32;
+};
+
+inline constexpr int kCombineThreads = 128;
+
+// Columns c … c + 3 of token t's output (c < hidden, hidden % 4 == 0).
+__device__ __forceinline__ void combine4(const CombineParams& p, int t, int c) {
+  float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int j = 0; j < p.top_k; ++j) {
+    const int row = p.route_row[static_cast<int64_t>(t) * p.top_k + j];
+    if (row < 0) continue;
+    add4(s, *reinterpret_cast<const float4*>(p.y + static_cast<int64_t>(row) * p.hidden + c));
+  }
+  store_out4(p.out, p.out_fp32, static_cast<int64_t>(t) * p.hidden + c, s);
+}
+
+}  // namespace fp4moe::kernels::generic
