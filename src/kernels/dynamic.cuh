@@ -328,8 +328,8 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, Smem<BM, kF16>& 
 
 // Consumer warpgroup c (0 or 1): weight rows [64c, 64c + 64) of each n-tile against all BM routed
 // rows of the m-tile. Every warp takes part in every wgmma (sync.aligned); a warp whose 16 weight rows
-// are past w_rows (last n-tile of a non-gated FC1 or of FC2) feeds zeros and reads no weights (the
-// two-CTA kernel: dequantises the zeros the producer filled in for them).
+// are past w_rows (last n-tile of a non-gated FC1 or of FC2) dequantises the zeros the producer
+// filled in for them.
 // kF16 (NVFP4 weights, NVFP4-a4 activations stored as f16): the weights become f16 A fragments by
 // bit moves and E4M3 conversions (frag_a_f16, ~18 instructions per k16 step and lane, no shared
 // loads) instead of the per-lane tables (frag_a_bf16: 6 LDS, their address IMADs and PRMTs; the
@@ -351,35 +351,27 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = tile_info<BM>(p, w, n_tiles);
     const float rw = kFc1 ? 0.0f : router_weight(p, ti, ct);
-    // A row tile past w_rows (w_rows % 16 == 0: all 16 rows or none) reads zeros. The two-CTA kernel
-    // takes no branch for it: the producer zero-filled its codes and scales (weight_copies), which
-    // dequantise to zeros. With the branch ptxas zeroed the 16 fragment registers before it on every
-    // stage (8 CS2R and the branch's BSSY/BSYNC/BRA, ~11 of a BM = 32 stage's ~160 instructions);
-    // without it that kernel was 6.3 % faster, but the one-CTA kernels were 3-20 % slower (the
-    // bf16-table variant most; NOTES session 12), so they keep it.
-    const bool ok = kCtasPerSm<BM, kF16> > 1 || weight_row_valid<BN>(p, kFc1, ti.y, 16 * j);
     // Two sets of A fragments: while stage kt - 1's MMAs run, the warpgroup dequantises stage kt into
     // the other set; wgmma_wait<1> then frees stage kt - 1's set and its stage (tile and weights).
     uint32_t a0[4][4], a1[4][4];
     auto stage = [&](int kt, uint32_t (&a)[4][4]) {
       const int s = it % kRing;
       ptx::mbar_wait(&sm.full[s], (it / kRing) & 1, wd, kWaitFull, it);
-      if (ok) {
-        const uint4 codes = sm.w[s][j][lane];  // one LDS.128
-        uint32_t slo, shi;
-        frag_scales(sm.ws[s][j], sb, slo, shi);
-        const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
-        if constexpr (kF16) {
-          const F16Scales f16s = frag_scales_f16(slo, shi);
+      // A row tile past w_rows (w_rows % 16 == 0: all 16 rows or none) takes no branch: the producer
+      // zero-filled its codes and scales (weight_copies), which dequantise to zeros on both variants.
+      // With a branch, ptxas zeroed the 16 fragment registers before it on every stage (8 CS2R and
+      // the branch's BSSY/BSYNC/BRA: ~11 of a BM = 32 stage's ~160 instructions).
+      const uint4 codes = sm.w[s][j][lane];  // one LDS.128
+      uint32_t slo, shi;
+      frag_scales(sm.ws[s][j], sb, slo, shi);
+      const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+      if constexpr (kF16) {
+        const F16Scales f16s = frag_scales_f16(slo, shi);
 #pragma unroll
-          for (int ks = 0; ks < 4; ++ks) frag_a_f16(words[ks], f16s, ks, a[ks]);
-        } else {
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks) frag_a_bf16(lut, words[ks], slo, shi, ks, a[ks]);
-        }
+        for (int ks = 0; ks < 4; ++ks) frag_a_f16(words[ks], f16s, ks, a[ks]);
       } else {
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) a[ks][0] = a[ks][1] = a[ks][2] = a[ks][3] = 0u;
+        for (int ks = 0; ks < 4; ++ks) frag_a_bf16(lut, words[ks], slo, shi, ks, a[ks]);
       }
       ptx::fence_proxy_async_smem();  // the writers fenced; this one is belt and braces
       ptx::fence_operand(acc);
@@ -398,10 +390,18 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
       if (kt > 0) ptx::mbar_arrive(&sm.empty[(it - 1) % kRing]);
       ++it;
     };
-    for (int kt = 0; kt < ktiles; kt += 2) {
+    // Pairs of stages, then an odd last one, so that every path writes a set only after the wait
+    // that retired its previous wgmma group. With the second stage of the pair conditional instead,
+    // ptxas saw a path (skip it, loop) on which a0 is rewritten while its group may run, and
+    // serialised every wgmma of the kernel (warning C7513; a wait after each HGMMA, the four k16
+    // steps' conversions interleaved between them in the same four registers). It did so in every
+    // register-path kernel without the row-tile branch above (NOTES session 12).
+    int kt = 0;
+    for (; kt + 1 < ktiles; kt += 2) {
       stage(kt, a0);
-      if (kt + 1 < ktiles) stage(kt + 1, a1);
+      stage(kt + 1, a1);
     }
+    if (kt < ktiles) stage(kt, a0);
     ptx::wgmma_wait<0>();
     ptx::fence_operand(acc);
     ptx::mbar_arrive(&sm.empty[(it - 1) % kRing]);
