@@ -345,6 +345,15 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
   FragLut lut{};  // the bf16 variant's tables (the f16 one has none)
   if constexpr (!kF16) lut = frag_lut(sm.tables);
   constexpr int kRing = Smem<BM, kF16>::kStages;
+  // Stage s's operands lie constant strides past stage 0's: this lane's codes, its row tile's scale
+  // bytes, the activation tile's descriptor (its address field counts 16-byte units; shared
+  // addresses stay below 2^18, so nothing carries out of it). Taken once here, so a stage adds
+  // s · stride instead of converting generic pointers and rebuilding the descriptor (~20 of a BM = 32
+  // stage's ~150 instructions, NOTES session 12).
+  const uint32_t w_addr0 = ptx::smem_addr(&sm.w[0][j][lane]), ws_addr0 = ptx::smem_addr(&sm.ws[0][j][0]);
+  constexpr uint32_t kWStride = sizeof(sm.w[0]), kWsStride = sizeof(sm.ws[0]);
+  const uint64_t desc_base = wgmma::operand_desc(a_base, BM, 0, 0);
+  const uint64_t kDescStride = wgmma::tile_bytes(BM) >> 4;
   float acc[BM / 2];
 #pragma unroll
   for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
@@ -361,9 +370,9 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
       // zero-filled its codes and scales (weight_copies), which dequantise to zeros on both variants.
       // With a branch, ptxas zeroed the 16 fragment registers before it on every stage (8 CS2R and
       // the branch's BSSY/BSYNC/BRA: ~11 of a BM = 32 stage's ~160 instructions).
-      const uint4 codes = sm.w[s][j][lane];  // one LDS.128
+      const uint4 codes = ptx::ld_shared_v4(w_addr0 + s * kWStride);  // one LDS.128
       uint32_t slo, shi;
-      frag_scales(sm.ws[s][j], sb, slo, shi);
+      frag_scales_smem(ws_addr0 + s * kWsStride, sb, slo, shi);
       const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
       if constexpr (kF16) {
         const F16Scales f16s = frag_scales_f16(slo, shi);
@@ -379,7 +388,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
       // The stage's k16 steps lie constant offsets past its first: added to the descriptor's address
       // field (16-byte units; shared addresses stay below 2^18, so nothing carries out of it) instead
       // of building each descriptor (~5 uniform instructions per wgmma).
-      const uint64_t desc0 = wgmma::operand_desc(a_base + s * wgmma::tile_bytes(BM), BM, 0, 0);
+      const uint64_t desc0 = desc_base + s * kDescStride;
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         ptx::mma_m64nNk16_rs<BM, kF16>(acc, a[ks], desc0 + (wgmma::kmajor_offset(BM, 0, 16 * ks) >> 4), (kt | ks) != 0);

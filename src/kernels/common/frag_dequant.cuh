@@ -137,4 +137,16 @@ __device__ __forceinline__ void frag_scales(const uint8_t* s, int sb, uint32_t& 
   }
 }
 
+// frag_scales from the shared-memory address of the row tile's scale bytes (its row 0).
+__device__ __forceinline__ void frag_scales_smem(uint32_t s, int sb, uint32_t& slo, uint32_t& shi) {
+  const int g = (threadIdx.x & 31) >> 2;
+  if (sb == 4) {
+    slo = ptx::ld_shared_u32(s + g * 4);
+    shi = ptx::ld_shared_u32(s + (g + 8) * 4);
+  } else {
+    slo = ptx::prmt(ptx::ld_shared_u16(s + g * 2), 0u, 0x1100u);
+    shi = ptx::prmt(ptx::ld_shared_u16(s + (g + 8) * 2), 0u, 0x1100u);
+  }
+}
+
 }  // namespace fp4moe::kernels
