@@ -6,6 +6,7 @@
 
 #include "fp4moe/errors.h"
 #include "host/gpu_backend.h"
+#include "host/launch.h"
 #include "kernels/common/fragment_layout.h"
 
 namespace fp4moe::gpu {
@@ -40,7 +41,8 @@ DeviceBuffer upload(const void* host, size_t bytes, const char* what) {
 }  // namespace
 
 void to_fragment_order(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales, int experts, int rows,
-                       int k, int bs, std::vector<uint8_t>& fcodes, std::vector<uint8_t>& fscales) {
+                       int k, int bs, std::vector<uint8_t>& fcodes, std::vector<uint8_t>& fscales,
+                       bool f16_words) {
   const int RT = rows / 16, KT = k / 64, sb = 64 / bs;
   fcodes.assign(codes.size(), 0);
   fscales.assign(scales.size(), 0);
@@ -50,12 +52,20 @@ void to_fragment_order(const std::vector<uint8_t>& codes, const std::vector<uint
         const int64_t tile = (static_cast<int64_t>(e) * RT + rt) * KT + kt;
         uint8_t* dst = &fcodes[tile * 512];
         for (int lane = 0; lane < 32; ++lane) {
-          for (int t = 0; t < 4; ++t)
+          for (int t = 0; t < 4; ++t) {
+            uint8_t* word = dst + lane * 16 + t * 4;
             for (int b = 0; b < 4; ++b) {
               const kernels::FragmentSource src = kernels::weight_fragment_source(lane, t, b);
               const int row = rt * 16 + src.row, kk = kt * 64 + src.k;  // even: the byte holds kk, kk+1
-              dst[lane * 16 + t * 4 + b] = codes[(static_cast<int64_t>(e) * rows + row) * (k / 2) + kk / 2];
+              word[b] = codes[(static_cast<int64_t>(e) * rows + row) * (k / 2) + kk / 2];
             }
+            if (f16_words) {  // little-endian, as the kernels load it
+              uint32_t v = 0;
+              std::memcpy(&v, word, 4);
+              v = kernels::f16_word_from_standard(v);
+              std::memcpy(word, &v, 4);
+            }
+          }
         }
         for (int r = 0; r < 16; ++r)
           for (int j = 0; j < sb; ++j)
@@ -95,11 +105,12 @@ std::shared_ptr<const DeviceWeights> upload_weights(const MoeConfig& c, const Qu
   std::vector<uint8_t> fcodes, fscales;
   const int bs = w.w13.block();
   pad_projection(w.w13, d->n1_pad, d->h_pad, w13_row, codes, scales);
-  to_fragment_order(codes, scales, EL, d->n1_pad, d->h_pad, bs, fcodes, fscales);
+  d->f16_words = f16_operands(c);
+  to_fragment_order(codes, scales, EL, d->n1_pad, d->h_pad, bs, fcodes, fscales, d->f16_words);
   d->w13_frag = upload(fcodes.data(), fcodes.size(), "w13.frag");
   d->w13_frag_scales = upload(fscales.data(), fscales.size(), "w13.frag_scales");
   pad_projection(w.w2, d->h_pad, d->i_pad, [&](int r) { return r < c.hidden ? r : -1; }, codes, scales);
-  to_fragment_order(codes, scales, EL, d->h_pad, d->i_pad, bs, fcodes, fscales);
+  to_fragment_order(codes, scales, EL, d->h_pad, d->i_pad, bs, fcodes, fscales, d->f16_words);
   d->w2_frag = upload(fcodes.data(), fcodes.size(), "w2.frag");
   d->w2_frag_scales = upload(fscales.data(), fscales.size(), "w2.frag_scales");
 

@@ -32,13 +32,19 @@ struct DeviceWeights {
   // (g = l / 4, c = l % 4; low nibble = the lower k, as in the checkpoint). Block scales per tile:
   // [16 rows][64 / block] bytes at tile · (16·64 / block).
   DeviceBuffer w13_frag, w13_frag_scales, w2_frag, w2_frag_scales;
+  // Each word of the codes rearranged as kernels::f16_word_from_standard (fragment_layout.h) says, so
+  // the f16 kernels read it in fewer instructions: set for the configs that run on f16 tensor cores
+  // (f16_operands: NVFP4-a4). Kernels that read bytes (generic, the bf16 copy's pre-pass) convert
+  // the words back (MoeGemmParams::f16_words).
+  bool f16_words = false;
   size_t bytes = 0;      // total device bytes
 };
 
 // [E][rows][k/2] codes + [E][rows][k/bs] scales (rows % 16 == 0, k % 64 == 0) → the fragment order
-// above (fcodes, fscales).
+// above (fcodes, fscales); f16_words: each code word as kernels::f16_word_from_standard.
 void to_fragment_order(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales, int experts, int rows,
-                       int k, int bs, std::vector<uint8_t>& fcodes, std::vector<uint8_t>& fscales);
+                       int k, int bs, std::vector<uint8_t>& fcodes, std::vector<uint8_t>& fscales,
+                       bool f16_words = false);
 
 // Padding granularity of H and I in the device layouts (the generic GEMM's tile sizes).
 inline constexpr int kPadH = 64;

@@ -133,8 +133,8 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams 
       const dynamic::RowTile rg = dynamic::row_tile<kFc1>(p, TileInfo{y, e, 0, 0}, 4 + q / 2);
       ok = ru.ok && rg.ok;  // i_pad is a multiple of 64: always
       const uint64_t tu = ru.tile0 + kt, tg = rg.tile0 + kt;
-      const uint4 cu = __ldg(p.w_frag + tu * 32 + lane);
-      const uint4 cg = __ldg(p.w_frag + tg * 32 + lane);
+      const uint4 cu = standard_words(__ldg(p.w_frag + tu * 32 + lane), p.f16_words);
+      const uint4 cg = standard_words(__ldg(p.w_frag + tg * 32 + lane), p.f16_words);
       uint32_t ulo, uhi, glo, ghi;
       frag_scales(p.s_frag + tu * 16 * sb, sb, ulo, uhi);
       frag_scales(p.s_frag + tg * 16 * sb, sb, glo, ghi);
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams 
       ok = rt.ok;
       if (ok) {
         const uint64_t ftile = rt.tile0 + kt;
-        codes = __ldg(p.w_frag + ftile * 32 + lane);
+        codes = standard_words(__ldg(p.w_frag + ftile * 32 + lane), p.f16_words);
         frag_scales(p.s_frag + ftile * 16 * sb, sb, slo, shi);
       }
     }

@@ -6,6 +6,7 @@
 // and the k-chunking that splits decode reductions.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <set>
 #include <vector>
@@ -26,8 +27,17 @@ TEST(FragmentLayout, RepackedWeightsAreTheMmaAFragments) {
     std::vector<uint8_t> codes(static_cast<size_t>(experts) * rows * k / 2), scales(experts * rows * (k / bs));
     for (auto& b : codes) b = static_cast<uint8_t>(rng());
     for (auto& b : scales) b = static_cast<uint8_t>(rng());
-    std::vector<uint8_t> fc, fs;
+    std::vector<uint8_t> fc, fs, fc16, fs16;
     gpu::to_fragment_order(codes, scales, experts, rows, k, bs, fc, fs);
+    gpu::to_fragment_order(codes, scales, experts, rows, k, bs, fc16, fs16, /*f16_words=*/true);
+    ASSERT_EQ(fs16, fs);  // f16 words change the codes only
+    ASSERT_EQ(fc16.size(), fc.size());
+    for (size_t i = 0; i < fc.size(); i += 4) {  // each f16 word is its standard word, repacked
+      uint32_t w = 0, w16 = 0;
+      std::memcpy(&w, &fc[i], 4);
+      std::memcpy(&w16, &fc16[i], 4);
+      ASSERT_EQ(w16, kernels::f16_word_from_standard(w)) << "word " << i / 4;
+    }
     ASSERT_EQ(fc.size(), codes.size());
     ASSERT_EQ(fs.size(), scales.size());
     auto code = [&](int e, int r, int kk) {  // E2M1 code of W_e[r][kk]
@@ -106,17 +116,33 @@ TEST(FragmentLayout, KChunksAreNonEmptyAndCoverTheReduction) {
         }
 }
 
-// The f16 decode path reads each E2M1 nibble as an E4M3 byte worth code × 2^-6: check every byte of
-// every position, both nibbles, against the E2M1 decoder.
-TEST(FragmentLayout, E2m1NibblesReadAsE4m3AreTheCodeTimes2ToTheMinus6) {
-  for (uint32_t v = 0; v < 256; ++v)
-    for (int pos = 0; pos < 4; ++pos) {
-      const uint32_t w = (v << (8 * pos)) | (0xA5u << (8 * ((pos + 1) % 4)));  // a neighbour byte must not leak in
-      const uint8_t lo = static_cast<uint8_t>(kernels::e2m1_lo_as_e4m3(w) >> (8 * pos));
-      const uint8_t hi = static_cast<uint8_t>(kernels::e2m1_hi_as_e4m3(w) >> (8 * pos));
-      EXPECT_EQ(fmt::e4m3_decode(lo) * 64.0f, fmt::e2m1_decode(static_cast<uint8_t>(v & 0xF))) << v << " " << pos;
-      EXPECT_EQ(fmt::e4m3_decode(hi) * 64.0f, fmt::e2m1_decode(static_cast<uint8_t>(v >> 4))) << v << " " << pos;
+// The f16 word layout (fragment_layout.h): the E4M3 bytes the f16 kernels take from a word are the
+// codes of the standard word, nibbles 0..3 then 4..7, each worth code × 2^-6; and the repack and its
+// inverse are exact. Every code at every nibble, against neighbours of all-zero, all-one and random
+// bits, then random words.
+TEST(FragmentLayout, F16WordsGiveEachCodeAsE4m3WorthTheCodeTimes2ToTheMinus6) {
+  std::mt19937 rng(7);
+  auto check = [](uint32_t w) {
+    const uint32_t f = kernels::f16_word_from_standard(w);
+    ASSERT_EQ(kernels::standard_word_from_f16(f), w) << std::hex << w;
+    const uint32_t x01 = kernels::f16w_x01(f), x23 = kernels::f16w_x23(f);
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t lo_code = (w >> (4 * j)) & 0xF, hi_code = (w >> (4 * j + 16)) & 0xF;
+      const uint8_t b01 = static_cast<uint8_t>(x01 >> (8 * j)), b23 = static_cast<uint8_t>(x23 >> (8 * j));
+      // The E4M3 byte of code n is s 0 0 e1 e0 m 0 0 (written out again here).
+      ASSERT_EQ(b01, ((lo_code & 7) << 2) | ((lo_code & 8) << 4)) << std::hex << w << " byte " << j;
+      ASSERT_EQ(b23, ((hi_code & 7) << 2) | ((hi_code & 8) << 4)) << std::hex << w << " byte " << j;
+      ASSERT_EQ(fmt::e4m3_decode(b01) * 64.0f, fmt::e2m1_decode(lo_code));
+      ASSERT_EQ(fmt::e4m3_decode(b23) * 64.0f, fmt::e2m1_decode(hi_code));
     }
+  };
+  for (int pos = 0; pos < 8; ++pos)
+    for (uint32_t v = 0; v < 16; ++v)
+      for (uint32_t around : {0u, 0xFFFFFFFFu, static_cast<uint32_t>(rng())}) {
+        const uint32_t w = (around & ~(0xFu << (4 * pos))) | (v << (4 * pos));
+        check(w);
+      }
+  for (int i = 0; i < 200000; ++i) check(static_cast<uint32_t>(rng()));
 }
 
 }  // namespace

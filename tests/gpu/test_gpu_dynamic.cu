@@ -277,7 +277,7 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int til
 
   DeviceArray<uint16_t> d_a(a);
   std::vector<uint8_t> fcodes, fscales;  // the mma-fragment order the kernel streams
-  gpu::to_fragment_order(codes, scales, E, N, K, bs, fcodes, fscales);
+  gpu::to_fragment_order(codes, scales, E, N, K, bs, fcodes, fscales, /*f16_words=*/f16);
   DeviceArray<uint8_t> d_fcodes(fcodes), d_fscales(fscales);
   DeviceArray<int> d_offset(offset), d_tile_expert(tile_expert), d_tile_row0(tile_row0), d_num_tiles(std::vector<int>{tiles});
   std::vector<int> route(rows);
@@ -297,6 +297,7 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int til
   p.w_rows = N, p.k_pad = K;
   p.nvfp4 = g.nvfp4, p.block = bs;
   p.f16 = f16;
+  p.f16_words = f16;  // the f16 kernels read f16 words (upload_weights stores them so for NVFP4-a4)
   p.tile_expert = d_tile_expert.get(), p.tile_row0 = d_tile_row0.get(), p.num_tiles = d_num_tiles.get();
   p.expert_offset = d_offset.get();
   p.alpha = d_alpha.get();

@@ -69,12 +69,20 @@ __device__ __forceinline__ uint32_t f16_broadcast(uint32_t w, int h) {
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// k16 step t, f16 (NVFP4 weights only): each value is code × block scale × 2^-6 (the caller multiplies
-// its fp32 result by 2^6). E2M1 nibble (s e1 e0 m) → E4M3 byte (s 0 0 e1 e0 m 0 0), whose value is the
-// code × 2^-6, then one exact E4M3x2 → f16x2 conversion per register; sc from frag_scales_f16.
+// A lane's 16 bytes of codes as standard words (byte = one register's two codes), whichever way the
+// weights were stored (f16_words: DeviceWeights::f16_words), for the kernels that read codes by byte.
+__device__ __forceinline__ uint4 standard_words(uint4 v, bool f16_words) {
+  if (!f16_words) return v;
+  return make_uint4(standard_word_from_f16(v.x), standard_word_from_f16(v.y), standard_word_from_f16(v.z),
+                    standard_word_from_f16(v.w));
+}
+
+// k16 step t, f16 (NVFP4 weights only, stored as f16 words: fragment_layout.h): each value is
+// code × block scale × 2^-6 (the caller multiplies its fp32 result by 2^6). The word's E2M1 codes as
+// E4M3 bytes (s 0 0 e1 e0 m 0 0, worth the code × 2^-6), already paired per register, then one exact
+// E4M3x2 → f16x2 conversion per register; sc from frag_scales_f16.
 __device__ __forceinline__ void frag_a_f16(uint32_t word, const F16Scales& sc, int t, uint32_t (&a)[4]) {
-  const uint32_t lo = e2m1_lo_as_e4m3(word), hi = e2m1_hi_as_e4m3(word);  // k, k + 1 of each byte
-  const uint32_t x01 = ptx::prmt(lo, hi, 0x5140), x23 = ptx::prmt(lo, hi, 0x7362);
+  const uint32_t x01 = f16w_x01(word), x23 = f16w_x23(word);  // (a0, a1) and (a2, a3): k, k + 1 each
   const uint32_t s_lo = f16_broadcast(sc.s[t >> 1], t & 1);  // (s, s) of row g
   const uint32_t s_hi = f16_broadcast(sc.s[2 + (t >> 1)], t & 1);
   a[0] = hmul2_f16_bits(ptx::e4m3x2_to_f16x2<false>(x01), s_lo);  // row g,   k 2c

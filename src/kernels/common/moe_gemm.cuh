@@ -23,6 +23,7 @@ struct MoeGemmParams {
   const uint8_t* s_frag;        // their block scales, 16 · 64 / block bytes per tile
   int w_rows, k_pad;
   bool nvfp4;                   // weight scale type: E4M3 (true) or UE8M0
+  bool f16_words;               // code words stored as f16 words (DeviceWeights::f16_words, fragment_layout.h)
   int block;                    // weight scale block: 16 or 32
   const int* tile_expert;       // routing schedule
   const int* tile_row0;
