@@ -9,24 +9,33 @@
 namespace fp4moe::gpu {
 namespace {
 
-// kAuto, from the crossover sweep bench/results/h200-crossover-20261202.md (five named shapes,
-// T = 8…512, direct_micro / dynamic / generic forced, same inputs):
+// kAuto, from the decode sweep bench/results/h200-decode-sweep-20261203-s13.md (four named shapes,
+// T = 16…256, a4 and a16, static / direct_micro / dynamic forced on the same inputs, session 13):
 //  - direct_micro up to its variant's capacity (T·K = 1024 routes for the f16 variant, NVFP4-a4;
-//    512 for the bf16 one) while the mean touched expert has at most kDirectMicroMaxRoutesPerExpert
-//    routes (T·K over at most min(E_local, T·K) touched experts): it streams each expert's weights
-//    once per 8–16 routes, so its cost grows with routes per expert.
-//    Within that rule it won 24 of the sweep's 25 points by 1.17–3.3× and lost one (llama4-scout
-//    T = 512, 7 %); mixtral-8x7b T = 256 (64 per expert) goes to dynamic, 1.4× faster there.
-//    At 513…1024 routes (h200-crossover-20261203.md, h200-dm1024-20261203.md, session 6's dynamic):
-//    inside the rule direct_micro won every point, qwen3-30b-a3b T = 128 350.7 against 517.3 µs,
-//    gpt-oss-120b T = 192 / 256 1358 / 1691 against 2172 / 2174 µs; outside it (mixtral-8x7b
-//    T = 384 / 512, 384 / 512 routes per expert) dynamic was 2.4–2.9× faster.
+//    512 for the bf16 one) while the mean touched expert has at most kDirectMicroRoutesPerExpert
+//    routes (T·K over min(E_local, T·K), the most experts the routes can touch): 4 on the f16
+//    variant, 8 on the bf16 one. It streams each expert's weights once per 8–16 routes, so its cost
+//    grows with routes per expert, while dynamic's register path dequantises them once per m-tile.
+//    At 4 routes per expert direct_micro won every point of the sweep (qwen3-30b-a3b a4 T = 64
+//    207.2 against dynamic's 215.3 µs, gpt-oss-120b a4 T = 128 913.9 against 951.7, deepseek-v3 a4
+//    T = 128 2715 against 3135, mixtral-8x7b a4 T = 16 335.3 against 429.5); at 8 per expert dynamic
+//    won every a4 point (qwen3 T = 128 219.9 against 296.2, gpt-oss T = 256 980.9 against 1389,
+//    mixtral T = 32 431.4 against 507.3) and lost the a16 one (mixtral T = 32 701.6 against 600.2;
+//    a16's register path uses lookup tables), which it won at 16 (mixtral T = 64 697.3 against 853.2).
+//    Session 6's line was 32 routes per expert, measured against a register path 25–45 % slower
+//    than today's (two CTAs per SM, f16 words).
+//  - static is not taken: at no point of the sweep was it faster than dynamic by more than 0.7 %
+//    (a16; a4 4–10 % slower), since both run the same GEMM core and static saves only the launches.
 //  - dynamic above that on sm_90 (wgmma): faster than generic at 34 of the sweep's 35 points (up to
 //    1.4×) and 1.3–1.8× faster at T = 2048–16384 (h200-prefill-20261202-2prod.md against
 //    h200-nvfp4-a4-all-20261202.md); 4 % slower at qwen3-30b-a3b T = 512.
-//  - generic where dynamic cannot run (not sm_90).
+//  - generic where dynamic cannot run (not sm_90); there direct_micro keeps session 6's line of 32
+//    routes per expert (h200-crossover-20261202.md: it beat generic by 1.17–3.3× inside it).
 constexpr int64_t kDirectMicroMaxRoutes = 1024;
-constexpr int64_t kDirectMicroMaxRoutesPerExpert = 32;
+int64_t direct_micro_routes_per_expert(const MoeConfig& c, bool dynamic_runs) {
+  if (!dynamic_runs) return 32;
+  return f16_operands(c) ? 4 : 8;
+}
 
 class GpuRunner final : public Runner {
  public:
@@ -61,10 +70,12 @@ class GpuRunner final : public Runner {
   Backend select(int64_t T) const override {
     const int64_t routes = T * c_.top_k;
     const int64_t touched_max = std::min<int64_t>(c_.local_count(), routes);
-    if (dm_ && routes <= kDirectMicroMaxRoutes && routes <= kDirectMicroMaxRoutesPerExpert * touched_max &&
+    const bool dynamic_runs = dyn_ && dynamic_supports(*dyn_, nullptr);
+    if (dm_ && routes <= kDirectMicroMaxRoutes &&
+        routes <= direct_micro_routes_per_expert(c_, dynamic_runs) * touched_max &&
         direct_micro_supports(c_, T, nullptr))
       return Backend::kDirectMicro;
-    if (dyn_ && dynamic_supports(*dyn_, nullptr)) return Backend::kDynamic;
+    if (dynamic_runs) return Backend::kDynamic;
     return Backend::kGeneric;
   }
 

@@ -443,8 +443,8 @@ TEST(GpuDynamic, DeterministicInAGraphAndPickedByAutoAboveDirectMicro) {
   const MoeConfig c = make_config(64, 512, 256, 8, WeightFormat::kMXFP4, ActMode::kA16, Activation::kSwigluOai, true);
   const Problem p = testkit::make_problem({c, 500, 66});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
-  // kAuto (gpu_runner.cpp): direct_micro up to 512 routes at ≤ 32 per touched expert, dynamic above
-  // on sm_90, generic elsewhere.
+  // kAuto (gpu_runner.cpp): direct_micro up to 512 routes at ≤ 8 per touched expert (the bf16
+  // variant on sm_90; 32 elsewhere), dynamic above on sm_90, generic elsewhere.
   MoeRunner autor(c, w, {.max_tokens = 16384});
   for (int64_t T : {1, 64}) EXPECT_EQ(autor.plan(T), Backend::kDirectMicro) << T;
   for (int64_t T : {65, 4096, 16384}) EXPECT_EQ(autor.plan(T), device_is_sm90() ? Backend::kDynamic : Backend::kGeneric) << T;
@@ -592,12 +592,13 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
   const Problem p = testkit::make_problem({c, 4, 71});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
   MoeRunner r(c, w, {.max_tokens = 4096});
-  // kAuto: direct_micro up to the variant's capacity (here the f16 variant's 1024 routes) while ≤ 32
-  // per touched expert, then dynamic on sm_90, generic elsewhere (gpu_runner.cpp, the measured
-  // crossovers).
-  for (int64_t T : {1, 8, 64, 65, 128}) EXPECT_EQ(r.plan(T), Backend::kDirectMicro) << T;
-  for (int64_t T : {129, 4096})
-    EXPECT_EQ(r.plan(T), device_is_sm90() ? Backend::kDynamic : Backend::kGeneric) << T;
+  // kAuto (gpu_runner.cpp, the measured crossovers): on sm_90 direct_micro while ≤ 4 routes per
+  // touched expert on the f16 variant (NVFP4-a4; here T·K ≤ 256), then dynamic; elsewhere
+  // direct_micro up to its capacity (1024 routes) while ≤ 32 per touched expert, then generic.
+  const bool sm90 = device_is_sm90();
+  for (int64_t T : {1, 8, 32}) EXPECT_EQ(r.plan(T), Backend::kDirectMicro) << T;
+  for (int64_t T : {33, 64, 128}) EXPECT_EQ(r.plan(T), sm90 ? Backend::kDynamic : Backend::kDirectMicro) << T;
+  for (int64_t T : {129, 4096}) EXPECT_EQ(r.plan(T), sm90 ? Backend::kDynamic : Backend::kGeneric) << T;
   EXPECT_EQ(MoeRunner(c, w, {.max_tokens = 64, .backend = Backend::kGeneric}).plan(1), Backend::kGeneric);
   // Forced: each variant's capacity (NVFP4-a4: the f16 variant, 1024 routes; a16: bf16, 512).
   MoeRunner forced(c, w, {.max_tokens = 4096, .backend = Backend::kDirectMicro});
@@ -609,7 +610,7 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
   MoeRunner forced16(c16, w16, {.max_tokens = 4096, .backend = Backend::kDirectMicro});
   EXPECT_EQ(forced16.plan(64), Backend::kDirectMicro);  // 512 routes
   EXPECT_ERROR(Unsupported, forced16.plan(65), "options.backend", "T·K = 65·8 = 520", "past the 512");
-  MoeRunner auto16(c16, w16, {.max_tokens = 4096});
+  MoeRunner auto16(c16, w16, {.max_tokens = 4096});  // the bf16 variant: ≤ 8 routes per expert on sm_90
   EXPECT_EQ(auto16.plan(64), Backend::kDirectMicro);
   EXPECT_NE(auto16.plan(65), Backend::kDirectMicro);
   // Forced static (sm_90): up to 4096 routes (kStaticCapacity); micro is not built.
