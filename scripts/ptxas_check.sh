@@ -9,7 +9,8 @@ build=$(cd "${1:-build}" 2>/dev/null && pwd) || { echo "ptxas_check.sh: no direc
 [ -f "$build/build.ninja" ] || { echo "ptxas_check.sh: $build is not a configured Ninja build" >&2; exit 2; }
 export PATH=/usr/local/cuda/bin:$PATH
 fail=0
-for tu in launch_dynamic_bm32 launch_dynamic_bm64 launch_dynamic_bm128 launch_dynamic_bf16; do
+for tu in launch_dynamic_bm32 launch_dynamic_bm64 launch_dynamic_bm128 launch_dynamic_bf16 launch_static_moe_bm32 \
+    launch_static_moe_bm64; do
   cmd=$(cd "$build" && ninja -t commands | grep -E "nvcc.* -c .*/$tu\.cu" | tail -1)
   [ -n "$cmd" ] || { echo "ptxas_check.sh: no compile command for $tu.cu in $build" >&2; exit 2; }
   out=$(cd "$build" && eval "$cmd -Xptxas -v" 2>&1)

@@ -23,7 +23,7 @@ using testgpu::DeviceArray;
 constexpr int kRegs = 4 * 4;  // per lane and tile: 4 k16 steps × 4 A registers
 
 // One warp per fragment tile (16 rows × 64 k). Writes, per lane, step t and register r, frag_a_bf16's
-// bf16x2 and (NVFP4 only) frag_a_f16's f16x2 at ((tile·32 + lane)·4 + t)·4 + r.
+// bf16x2 and (NVFP4 only) frag_a_f16's f16x2 (of the word as f16 words store it) at ((tile·32 + lane)·4 + t)·4 + r.
 __global__ void frag_dequant_kernel(const uint4* codes, const uint8_t* scales, int sb, bool nvfp4, uint32_t* bf16,
                                     uint32_t* f16) {
   __shared__ kernels::FragTables tables;
@@ -42,7 +42,8 @@ __global__ void frag_dequant_kernel(const uint4* codes, const uint8_t* scales, i
     kernels::frag_a_bf16(lut, words[t], slo, shi, t, a);
     for (int r = 0; r < 4; ++r) bf16[out + 4 * t + r] = a[r];
     if (nvfp4) {
-      kernels::frag_a_f16(words[t], kernels::frag_scales_f16(slo, shi), t, a);
+      // The f16 kernels read NVFP4-a4 weights stored as f16 words (DeviceWeights::f16_words).
+      kernels::frag_a_f16(kernels::f16_word_from_standard(words[t]), kernels::frag_scales_f16(slo, shi), t, a);
       for (int r = 0; r < 4; ++r) f16[out + 4 * t + r] = a[r];
     }
   }
