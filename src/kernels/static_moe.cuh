@@ -95,6 +95,15 @@ __device__ __forceinline__ void route(const RoutingParams& p, RouteScratch& rs) 
   }
 }
 
+// The same pointer, which the compiler can no longer see through: each GEMM phase derives its
+// shared-memory addresses anew instead of keeping FC1's live through FC1's epilogues into FC2 (with
+// them live, the f16 kernel's consumers, at 96 registers, spilled and reloaded them every stage).
+template <class T>
+__device__ __forceinline__ T* opaque(T* q) {
+  asm volatile("" : "+l"(q));
+  return q;
+}
+
 template <int BM, bool kF16>
 __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -127,9 +136,9 @@ __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_ker
     grid_sync(p.barrier);
   } else {
     ptx::setmaxnreg_inc<dk::kConsumerRegs<BM, kF16>>();
-    dk::consume<true, BM, kF16>(p.fc1, sm, p.n1_tiles, tiles * p.n1_tiles, wd, it);
+    dk::consume<true, BM, kF16>(p.fc1, *opaque(&sm), p.n1_tiles, tiles * p.n1_tiles, wd, it);
     grid_sync(p.barrier);  // A2 is complete
-    dk::consume<false, BM, kF16>(p.fc2, sm, p.n2_tiles, tiles * p.n2_tiles, wd, it);
+    dk::consume<false, BM, kF16>(p.fc2, *opaque(&sm), p.n2_tiles, tiles * p.n2_tiles, wd, it);
     grid_sync(p.barrier);  // Y is complete
     // The top-k sum over the consumers of the grid: 4 columns of one token per thread.
     const int quads = p.combine.hidden / 4;
