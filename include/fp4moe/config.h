@@ -29,8 +29,9 @@ enum class Backend : int {
   kReference,    // the CPU implementation (src/reference)
   kGeneric,      // the general GPU path: routing pre-pass + grouped GEMMs + combine
   kDirectMicro,  // smallest decode: one cooperative launch, no routing pre-pass
-  kMicro,        // small decode
-  kStatic,       // decode up to ~1k routed rows
+  kMicro,        // small decode: not built; forcing it raises Unsupported
+  kStatic,       // one cooperative launch of dynamic's GEMM core (routing and combine inside), sm_90,
+                 // T·K <= 4096; forced only (as fast as dynamic on a16, slower on a4: README "Status")
   kDynamic,      // prefill: persistent, warp-specialised
 };
 
