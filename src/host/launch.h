@@ -13,6 +13,11 @@
 
 namespace fp4moe::kernels {
 struct MoeGemmParams;  // kernels/common/moe_gemm.cuh
+struct RoutingParams;  // kernels/common/routing.cuh
+namespace generic {
+struct GatherParams;   // kernels/common/gather_combine.cuh
+struct CombineParams;
+}  // namespace generic
 namespace static_moe {
 struct Params;  // kernels/static_moe.cuh
 }
@@ -59,6 +64,13 @@ void launch_gather_quantize(const MoeConfig& c, const DeviceWeights& w, GenericW
 void launch_combine(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a);
 kernels::MoeGemmParams moe_gemm_params(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws,
                                        const RunArgs& a, bool fc1);
+// The parameters of those pieces, for the static backend, which runs them inside its own launch:
+// the routing's (checks the tile list holds m-tiles of tile_m), the gather's (a1_f16 as above) and
+// the top-k sum's.
+kernels::RoutingParams routing_params(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, int tile_m);
+kernels::generic::GatherParams gather_params(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws,
+                                             const RunArgs& a, bool a1_f16);
+kernels::generic::CombineParams combine_params(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a);
 
 // ---- dynamic: the generic path with wgmma GEMMs (prefill; kernels/dynamic.cuh) ---------------------
 // Uses the GenericWorkspace's buffers (a runner runs one call at a time on its stream); owns the

@@ -35,6 +35,12 @@ const void* dynamic_gemm_kernel(bool fc1, bool f16) {
              : reinterpret_cast<const void*>(dk::gemm_kernel<false, BM, false>);
 }
 
+// CTAs per SM of the register path's kernels of m-tile BM and variant f16 (dynamic.cuh kCtasPerSm).
+template <int BM>
+int register_path_ctas_per_sm(bool f16) {
+  return f16 ? kernels::dynamic::kCtasPerSm<BM, true> : kernels::dynamic::kCtasPerSm<BM, false>;
+}
+
 // A register-path kernel `k` (dynamic's gemm_kernel, static's static_kernel) of m-tile BM and
 // variant f16, once per device (the caller has made it current): opts it into its shared memory
 // (above 48 KB a kernel must) and checks its registers. Returns why it cannot run (empty: it can).
@@ -74,7 +80,7 @@ void launch_dynamic_gemm_bm(const DynamicWorkspace& ws, const kernels::MoeGemmPa
   const int64_t work = tiles * n_tiles;
   if (work == 0) return;
   // Persistent CTAs, as many as are resident at once (kCtasPerSm per SM).
-  const int per_sm = p.f16 ? kernels::dynamic::kCtasPerSm<BM, true> : kernels::dynamic::kCtasPerSm<BM, false>;
+  const int per_sm = register_path_ctas_per_sm<BM>(p.f16);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(int64_t{ws.sms} * per_sm, work));
   const size_t smem = dynamic_gemm_smem<BM>(p.f16);
   FP4MOE_REQUIRE(!p.f16 || (p.nvfp4 && p.block == 16), InvalidArgument, "f16",

@@ -47,16 +47,22 @@ size_t GenericWorkspace::bytes() const {
   return s;
 }
 
-void launch_route(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, int tile_m) {
+kernels::RoutingParams routing_params(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, int tile_m) {
   const int EL = c.local_count();
   const int64_t R = a.tokens * c.top_k;
   FP4MOE_REQUIRE(tile_m >= kMinTileM && max_tiles(R, EL) <= ws.tile_capacity, InvalidArgument, "tile_m",
                  "the workspace's tile list holds ", ws.tile_capacity, " entries (sized for m-tiles of ", kMinTileM,
                  " rows), asked for m-tiles of ", tile_m);
-  kernels::RoutingParams rp{a.ids, a.ids_type == IndexType::kInt64, R, c.local_expert_first, EL, tile_m,
-                            ws.expert_offset.get<int>(), ws.expert_tile_offset.get<int>(), ws.route_row.get<int>(), ws.row_route.get<int>(),
-                            ws.row_expert.get<int>(), ws.tile_expert.get<int>(), ws.tile_row0.get<int>(),
-                            ws.num_tiles.get<int>()};
+  return {a.ids, a.ids_type == IndexType::kInt64, R, c.local_expert_first, EL, tile_m,
+          ws.expert_offset.get<int>(), ws.expert_tile_offset.get<int>(), ws.route_row.get<int>(),
+          ws.row_route.get<int>(), ws.row_expert.get<int>(), ws.tile_expert.get<int>(), ws.tile_row0.get<int>(),
+          ws.num_tiles.get<int>()};
+}
+
+void launch_route(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, int tile_m) {
+  const kernels::RoutingParams rp = routing_params(c, ws, a, tile_m);
+  const int64_t R = rp.routes;
+  const int EL = rp.experts;
   if (R <= kernels::kRouteChunk) {
     kernels::route_kernel<<<1, kernels::kRouteThreads, 0, a.stream>>>(rp);
     FP4MOE_CHECK_LAUNCH("route_kernel");
@@ -75,23 +81,30 @@ void launch_route(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, in
   FP4MOE_CHECK_LAUNCH("route_place_kernel");
 }
 
-void launch_gather_quantize(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a,
-                            bool a1_f16) {
-  const kernels::QuantKind q = kernels::quant_kind(c.format, c.mode);
+kernels::generic::GatherParams gather_params(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws,
+                                             const RunArgs& a, bool a1_f16) {
   FP4MOE_REQUIRE(!a1_f16 || f16_operands(c), InvalidArgument, "a1_f16",
                  "f16 activations hold NVFP4-a4 values only (format nvfp4, mode a4)");
-  gk::GatherParams gp{static_cast<const __nv_bfloat16*>(a.x), static_cast<int>(a.tokens), c.hidden, w.h_pad, c.top_k,
-                      q, w.fc1_input_scale.get<float>(), ws.route_row.get<int>(), ws.row_expert.get<int>(),
-                      ws.a1.get<__nv_bfloat16>(), a1_f16};
-  const int64_t warps = a.tokens * gk::gather_chunks(w.h_pad, q);
+  return {static_cast<const __nv_bfloat16*>(a.x), static_cast<int>(a.tokens), c.hidden, w.h_pad, c.top_k,
+          kernels::quant_kind(c.format, c.mode), w.fc1_input_scale.get<float>(), ws.route_row.get<int>(),
+          ws.row_expert.get<int>(), ws.a1.get<__nv_bfloat16>(), a1_f16};
+}
+
+void launch_gather_quantize(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a,
+                            bool a1_f16) {
+  const gk::GatherParams gp = gather_params(c, w, ws, a, a1_f16);
+  const int64_t warps = a.tokens * gk::gather_chunks(w.h_pad, gp.q1);
   gk::gather_quantize_kernel<<<static_cast<unsigned>((warps + gk::kGatherWarps - 1) / gk::kGatherWarps),
                                gk::kGatherWarps * 32, 0, a.stream>>>(gp);
   FP4MOE_CHECK_LAUNCH("gather_quantize_kernel");
 }
 
+kernels::generic::CombineParams combine_params(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a) {
+  return {ws.y.get<float>(), ws.route_row.get<int>(), c.top_k, c.hidden, a.out, c.output_dtype == OutputDType::kFP32};
+}
+
 void launch_combine(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a) {
-  gk::CombineParams cp{ws.y.get<float>(), ws.route_row.get<int>(), c.top_k, c.hidden, a.out,
-                       c.output_dtype == OutputDType::kFP32};
+  const gk::CombineParams cp = combine_params(c, ws, a);
   const unsigned cy = static_cast<unsigned>((c.hidden / 4 + gk::kCombineThreads - 1) / gk::kCombineThreads);
   gk::combine_kernel<<<dim3(static_cast<unsigned>(a.tokens), cy), gk::kCombineThreads, 0, a.stream>>>(cp);
   FP4MOE_CHECK_LAUNCH("combine_kernel");

@@ -49,31 +49,22 @@ int static_tile_m(int64_t routes, int experts) { return std::min(dynamic_tile_m(
 
 void launch_static(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& gws, StaticWorkspace& ws,
                    const RunArgs& a) {
-  FP4MOE_REQUIRE(ws.unsupported.empty(), Unsupported, "backend", "static: ", ws.unsupported);
-  const int64_t R = a.tokens * c.top_k;
-  FP4MOE_REQUIRE(R <= kStaticMaxRoutes, Unsupported, "num_tokens", "static takes up to ", kStaticMaxRoutes,
-                 " routes, got T·K = ", R);
-  const int tile_m = static_tile_m(R, c.local_count());
+  // The runner checks this before every call; it guards the routing's limit for other callers.
+  std::string why;
+  FP4MOE_REQUIRE(static_supports(c, ws, a.tokens, &why), Unsupported, "backend", "static: ", why);
   const bool f16 = f16_operands(c);
   sk::Params p{};
-  p.route = {a.ids, a.ids_type == IndexType::kInt64, R, c.local_expert_first, c.local_count(), tile_m,
-             gws.expert_offset.get<int>(), gws.expert_tile_offset.get<int>(), gws.route_row.get<int>(),
-             gws.row_route.get<int>(), gws.row_expert.get<int>(), gws.tile_expert.get<int>(), gws.tile_row0.get<int>(),
-             gws.num_tiles.get<int>()};
-  p.gather = {static_cast<const __nv_bfloat16*>(a.x), static_cast<int>(a.tokens), c.hidden, w.h_pad, c.top_k,
-              kernels::quant_kind(c.format, c.mode), w.fc1_input_scale.get<float>(), gws.route_row.get<int>(),
-              gws.row_expert.get<int>(), gws.a1.get<__nv_bfloat16>(), f16};
+  p.route = routing_params(c, gws, a, static_tile_m(a.tokens * c.top_k, c.local_count()));
+  p.gather = gather_params(c, w, gws, a, f16);
   p.fc1 = moe_gemm_params(c, w, gws, a, true);
   p.fc2 = moe_gemm_params(c, w, gws, a, false);
   p.fc1.f16 = p.fc2.f16 = f16;
   p.n1_tiles = dynamic_n_tiles(p.fc1, true);
   p.n2_tiles = dynamic_n_tiles(p.fc2, false);
-  p.combine = {gws.y.get<float>(), gws.route_row.get<int>(), c.top_k, c.hidden, a.out,
-               c.output_dtype == OutputDType::kFP32};
-  p.tokens = static_cast<int>(a.tokens);
+  p.combine = combine_params(c, gws, a);
   p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
   p.watchdog = nullptr;  // pipeline waits without a time limit, as dynamic's production launches
-  if (tile_m == 32) launch_static_bm<32>(p, ws.sms, a.stream);
+  if (p.route.tile_m == 32) launch_static_bm<32>(p, ws.sms, a.stream);
   else launch_static_bm<64>(p, ws.sms, a.stream);
 }
 

@@ -26,13 +26,12 @@ const void* static_kernel_for(bool f16) {
 // here (empty: they can).
 template <int BM>
 std::string static_opt_in() {
-  namespace dk = kernels::dynamic;
   for (const bool f16 : {true, false}) {
     const void* k = static_kernel_for<BM>(f16);
     const std::string name = "static_kernel (BM " + std::to_string(BM) + (f16 ? ", f16)" : ", bf16)");
     if (std::string why = register_path_opt_in<BM>(k, f16, name); !why.empty()) return why;
     // Every CTA of the grid (kCtasPerSm per SM) must be resident at once for the grid barriers.
-    const int per_sm = f16 ? dk::kCtasPerSm<BM, true> : dk::kCtasPerSm<BM, false>;
+    const int per_sm = register_path_ctas_per_sm<BM>(f16);
     int n = 0;
     FP4MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kernels::static_moe::kThreads,
                                                                     dynamic_gemm_smem<BM>(f16)));
@@ -45,7 +44,7 @@ std::string static_opt_in() {
 template <int BM>
 void launch_static_bm(const kernels::static_moe::Params& p, int sms, cudaStream_t s) {
   const bool f16 = p.fc1.f16;
-  const int per_sm = f16 ? kernels::dynamic::kCtasPerSm<BM, true> : kernels::dynamic::kCtasPerSm<BM, false>;
+  const int per_sm = register_path_ctas_per_sm<BM>(f16);
   kernels::static_moe::Params args = p;
   void* argv[] = {&args};
   FP4MOE_CUDA_CHECK(cudaLaunchCooperativeKernel(static_kernel_for<BM>(f16), dim3(static_cast<unsigned>(sms * per_sm)),

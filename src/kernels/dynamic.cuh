@@ -420,6 +420,32 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
   }
 }
 
+// A register-path CTA's start (dynamic's gemm_kernel, static's static_kernel), all threads: the
+// ring's barriers (thread 0), the bf16 variant's lookup tables, then a __syncthreads.
+template <int BM, bool kF16>
+__device__ __forceinline__ void start_cta(Smem<BM, kF16>& sm, bool nvfp4) {
+  if (threadIdx.x == 0) init_pipeline<Smem<BM, kF16>::kStages>(sm.full, sm.empty, kWarpgroup, &sm.aborted);
+  if constexpr (!kF16) fill_frag_tables(sm.tables, nvfp4, threadIdx.x >> 5, kThreads / 32);
+  __syncthreads();
+}
+
+// The roles: the producer warpgroup gives registers back to kProducerRegs, the consumers take what
+// that frees. One CTA per SM: 384 threads start with 168 registers each, then 40 and 232 (up to 64
+// accumulators, two A fragment sets): 128·40 + 256·232 = 64512. Two (the f16 variant at BM = 32):
+// 80 each at the start (30720 a CTA), then 40 and 96. Returns whether this thread produces.
+template <int BM, bool kF16>
+__device__ __forceinline__ bool take_role() {
+  static_assert(kWarpgroup * kProducerRegs + kConsumers * kWarpgroup * kConsumerRegs<BM, kF16> <=
+                    kLaunchRegs<BM, kF16> * kThreads,
+                "the consumers' setmaxnreg.inc would wait forever for registers the CTA's pool lacks");
+  if (threadIdx.x < kWarpgroup) {
+    ptx::setmaxnreg_dec<kProducerRegs>();
+    return true;
+  }
+  ptx::setmaxnreg_inc<kConsumerRegs<BM, kF16>>();
+  return false;
+}
+
 // n_tiles: weight n-tiles per m-tile (FC1 gated: i_pad / 64; otherwise ceil(w_rows / 128)).
 // watchdog: optional global int[ptx::kWatchdogReportInts], zeroed, that a pipeline wait past
 // ptx::kWatchdogNs fills (tests); null in production, where waits have no time limit.
@@ -427,28 +453,13 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
 template <bool kFc1, int BM, bool kF16>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<BM, kF16>) gemm_kernel(MoeGemmParams p, int n_tiles, int* watchdog) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  using SmemT = Smem<BM, kF16>;
-  SmemT& sm = *reinterpret_cast<SmemT*>(smem_raw);
-  if (threadIdx.x == 0) init_pipeline<SmemT::kStages>(sm.full, sm.empty, kWarpgroup, &sm.aborted);
-  if constexpr (!kF16) fill_frag_tables(sm.tables, p.nvfp4, threadIdx.x >> 5, kThreads / 32);
-  __syncthreads();
+  Smem<BM, kF16>& sm = *reinterpret_cast<Smem<BM, kF16>*>(smem_raw);
+  start_cta(sm, p.nvfp4);
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int work = *p.num_tiles * n_tiles;
-  // One CTA per SM: 384 threads start with 168 registers each; the producer gives back to 40 and
-  // the consumers (up to 64 accumulators, two A fragment sets) take 232: 128·40 + 256·232 = 64512.
-  // Two (the f16 variant at BM = 32): 80 each at the start (30720 a CTA), then 40 and 96.
-  static_assert(kWarpgroup * kProducerRegs + kConsumers * kWarpgroup * kConsumerRegs<BM, kF16> <=
-                    kLaunchRegs<BM, kF16> * kThreads,
-                "the consumers' setmaxnreg.inc would wait forever for registers the CTA's pool lacks");
-  if (threadIdx.x < kWarpgroup) {
-    ptx::setmaxnreg_dec<kProducerRegs>();
-    uint32_t it = 0;
-    produce<kFc1, BM, kF16>(p, sm, n_tiles, work, wd, it);
-  } else {
-    ptx::setmaxnreg_inc<kConsumerRegs<BM, kF16>>();
-    uint32_t it = 0;
-    consume<kFc1, BM, kF16>(p, sm, n_tiles, work, wd, it);
-  }
+  uint32_t it = 0;
+  if (take_role<BM, kF16>()) produce<kFc1, BM, kF16>(p, sm, n_tiles, work, wd, it);
+  else consume<kFc1, BM, kF16>(p, sm, n_tiles, work, wd, it);
 }
 
 }  // namespace fp4moe::kernels::dynamic

@@ -10,28 +10,9 @@
 namespace fp4moe::kernels {
 
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(RoutingParams p) {
-  using Scan = cub::BlockScan<int, kRouteThreads>;
-  __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int cursor[kRouteThreads];
-  const int tid = threadIdx.x;
-
-  cursor[tid] = 0;
-  __syncthreads();
-  for (int64_t r = tid; r < p.routes; r += kRouteThreads) {
-    const int e = local_expert(p, r);
-    if (e >= 0) atomicAdd(&cursor[e], 1);
-  }
-  __syncthreads();
-
-  const int row0 = scan_counts_and_list_tiles<Scan>(p, scan_storage, tid < p.experts ? cursor[tid] : 0);
-  __syncthreads();
-  cursor[tid] = row0;  // now the next free row of expert tid
-  __syncthreads();
-
-  for (int64_t r = tid; r < p.routes; r += kRouteThreads) {
-    const int e = local_expert(p, r);
-    record_route(p, r, e, e >= 0 ? atomicAdd(&cursor[e], 1) : -1);
-  }
+  __shared__ typename cub::BlockScan<int, kRouteThreads>::TempStorage scan_storage;
+  __shared__ int count[kRouteThreads];
+  route_one_cta<kRouteThreads, 1>(p, count, scan_storage);
 }
 
 // Histogram of this CTA's chunk in shared memory (hist: kRouteMaxExperts ints).

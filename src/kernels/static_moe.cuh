@@ -46,7 +46,6 @@ struct Params {
   MoeGemmParams fc1, fc2;     // their tile list, A and Y are the routing's, gather's and FC1's outputs
   int n1_tiles, n2_tiles;     // weight n-tiles per m-tile (dynamic_n_tiles)
   generic::CombineParams combine;
-  int tokens;
   GridBarrier barrier;
   int* watchdog;              // as dynamic's gemm_kernel (tests); null in production
 };
@@ -64,37 +63,6 @@ __device__ __forceinline__ RouteScratch& route_scratch(dk::Smem<BM, kF16>& sm) {
   return *reinterpret_cast<RouteScratch*>(sm.c);
 }
 
-// Phase 0, one CTA: route_kernel's three steps (histogram, scans and tile list, placement) with
-// kRouteItems experts per thread. Row order inside an expert depends on the atomics, as there.
-__device__ __forceinline__ void route(const RoutingParams& p, RouteScratch& rs) {
-  const int tid = threadIdx.x;
-  for (int e = tid; e < p.experts; e += kThreads) rs.count[e] = 0;
-  __syncthreads();
-  for (int64_t r = tid; r < p.routes; r += kThreads) {
-    const int e = local_expert(p, r);
-    if (e >= 0) atomicAdd(&rs.count[e], 1);
-  }
-  __syncthreads();
-  int count[kRouteItems], row0[kRouteItems];
-#pragma unroll
-  for (int i = 0; i < kRouteItems; ++i) {
-    const int e = kRouteItems * tid + i;
-    count[i] = e < p.experts ? rs.count[e] : 0;
-  }
-  scan_counts_and_list_tiles<RouteScan, kRouteItems>(p, rs.scan, count, row0);
-  __syncthreads();  // every count was read
-#pragma unroll
-  for (int i = 0; i < kRouteItems; ++i) {
-    const int e = kRouteItems * tid + i;
-    if (e < p.experts) rs.count[e] = row0[i];  // now the next free row of expert e
-  }
-  __syncthreads();
-  for (int64_t r = tid; r < p.routes; r += kThreads) {
-    const int e = local_expert(p, r);
-    record_route(p, r, e, e >= 0 ? atomicAdd(&rs.count[e], 1) : -1);
-  }
-}
-
 // The same pointer, which the compiler can no longer see through: each GEMM phase derives its
 // shared-memory addresses anew instead of keeping FC1's live through FC1's epilogues into FC2 (with
 // them live, the f16 kernel's consumers, at 96 registers, spilled and reloaded them every stage).
@@ -107,17 +75,17 @@ __device__ __forceinline__ T* opaque(T* q) {
 template <int BM, bool kF16>
 __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  using SmemT = dk::Smem<BM, kF16>;
-  SmemT& sm = *reinterpret_cast<SmemT*>(smem_raw);
-  if (threadIdx.x == 0) dk::init_pipeline<SmemT::kStages>(sm.full, sm.empty, dk::kWarpgroup, &sm.aborted);
-  if constexpr (!kF16) fill_frag_tables(sm.tables, p.fc1.nvfp4, threadIdx.x >> 5, kWarps);
-  __syncthreads();
+  dk::Smem<BM, kF16>& sm = *reinterpret_cast<dk::Smem<BM, kF16>*>(smem_raw);
+  dk::start_cta(sm, p.fc1.nvfp4);
   const ptx::Watchdog wd{&sm.aborted, p.watchdog};
 
-  if (blockIdx.x == 0) route(p.route, route_scratch(sm));
+  if (blockIdx.x == 0) {
+    RouteScratch& rs = route_scratch(sm);
+    route_one_cta<kThreads, kRouteItems>(p.route, rs.count, rs.scan);
+  }
   grid_sync(p.barrier);
 
-  const int64_t units = static_cast<int64_t>(p.tokens) * generic::gather_chunks(p.gather.h_pad, p.gather.q1);
+  const int64_t units = static_cast<int64_t>(p.gather.tokens) * generic::gather_chunks(p.gather.h_pad, p.gather.q1);
   for (int64_t u = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5); u < units;
        u += static_cast<int64_t>(gridDim.x) * kWarps)
     generic::gather_unit(p.gather, u, threadIdx.x & 31);
@@ -125,24 +93,19 @@ __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_ker
 
   const int tiles = *p.route.num_tiles;  // written by CTA 0 before the first barrier
   uint32_t it = 0;  // the ring's stages used so far: FC2 continues where FC1 left the barriers' phases
-  static_assert(dk::kWarpgroup * dk::kProducerRegs + dk::kConsumers * dk::kWarpgroup * dk::kConsumerRegs<BM, kF16> <=
-                    dk::kLaunchRegs<BM, kF16> * kThreads,
-                "the consumers' setmaxnreg.inc would wait forever for registers the CTA's pool lacks");
-  if (threadIdx.x < dk::kWarpgroup) {
-    ptx::setmaxnreg_dec<dk::kProducerRegs>();
+  if (dk::take_role<BM, kF16>()) {
     dk::produce<true, BM, kF16>(p.fc1, sm, p.n1_tiles, tiles * p.n1_tiles, wd, it);
     grid_sync(p.barrier);
     dk::produce<false, BM, kF16>(p.fc2, sm, p.n2_tiles, tiles * p.n2_tiles, wd, it);
     grid_sync(p.barrier);
   } else {
-    ptx::setmaxnreg_inc<dk::kConsumerRegs<BM, kF16>>();
     dk::consume<true, BM, kF16>(p.fc1, *opaque(&sm), p.n1_tiles, tiles * p.n1_tiles, wd, it);
     grid_sync(p.barrier);  // A2 is complete
     dk::consume<false, BM, kF16>(p.fc2, *opaque(&sm), p.n2_tiles, tiles * p.n2_tiles, wd, it);
     grid_sync(p.barrier);  // Y is complete
     // The top-k sum over the consumers of the grid: 4 columns of one token per thread.
     const int quads = p.combine.hidden / 4;
-    const int64_t n = static_cast<int64_t>(p.tokens) * quads;
+    const int64_t n = static_cast<int64_t>(p.gather.tokens) * quads;
     const int64_t stride = static_cast<int64_t>(gridDim.x) * dk::kConsumers * dk::kWarpgroup;
     for (int64_t q = static_cast<int64_t>(blockIdx.x) * dk::kConsumers * dk::kWarpgroup + threadIdx.x - dk::kWarpgroup;
          q < n; q += stride)

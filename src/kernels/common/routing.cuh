@@ -96,6 +96,42 @@ __device__ __forceinline__ int scan_counts_and_list_tiles(const RoutingParams& p
   return row0[0];
 }
 
+// The whole routing in one CTA of kThreads threads, kItems local experts each (kThreads · kItems ≥
+// experts): the histogram into `count` (kThreads · kItems ints of shared memory), the scans and the
+// tile list, then each route's row (count then holds the next free row of each expert). Row order
+// inside an expert depends on the atomics. route_kernel runs it (kRouteThreads threads, one expert
+// each), and so does the static backend's CTA 0 inside its launch (static_moe.cuh: 384 threads, 3).
+template <int kThreads, int kItems>
+__device__ __forceinline__ void route_one_cta(const RoutingParams& p, int* count,
+                                              typename cub::BlockScan<int, kThreads>::TempStorage& storage) {
+  const int tid = threadIdx.x;
+  for (int e = tid; e < p.experts; e += kThreads) count[e] = 0;
+  __syncthreads();
+  for (int64_t r = tid; r < p.routes; r += kThreads) {
+    const int e = local_expert(p, r);
+    if (e >= 0) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+  int mine[kItems], row0[kItems];
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int e = kItems * tid + i;
+    mine[i] = e < p.experts ? count[e] : 0;
+  }
+  scan_counts_and_list_tiles<cub::BlockScan<int, kThreads>, kItems>(p, storage, mine, row0);
+  __syncthreads();  // every count was read
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int e = kItems * tid + i;
+    if (e < p.experts) count[e] = row0[i];  // now the next free row of expert e
+  }
+  __syncthreads();
+  for (int64_t r = tid; r < p.routes; r += kThreads) {
+    const int e = local_expert(p, r);
+    record_route(p, r, e, e >= 0 ? atomicAdd(&count[e], 1) : -1);
+  }
+}
+
 // Past kRouteChunk routes the pre-pass runs on many CTAs, one chunk of routes each (route.cuh).
 inline constexpr int kRouteChunk = 2048;
 inline constexpr int kRouteChunkThreads = 512;
