@@ -439,6 +439,15 @@ TEST(DynamicTileM, SmallestTileHoldingTwiceTheAverageRowsPerExpert) {
   EXPECT_EQ(gpu::dynamic_tile_m(128 * 8, 128, 0), 32);    // 0: the rule
 }
 
+// static's m-tile per call (no GPU needed): dynamic's rule with 64 rows the largest (static has
+// kernels for 32 and 64 only; launch_static_moe.cu).
+TEST(StaticTileM, DynamicRuleCappedAt64) {
+  EXPECT_EQ(gpu::static_tile_m(128 * 8, 128), 32);   // 8 rows per expert
+  EXPECT_EQ(gpu::static_tile_m(512 * 8, 128), 64);   // 32: the rule says 64
+  EXPECT_EQ(gpu::static_tile_m(512 * 2, 8), 64);     // mixtral-8x7b T = 512: the rule says 128
+  EXPECT_EQ(gpu::static_tile_m(4096, 1), 64);        // one local expert
+}
+
 // The bf16 path: the same cases, dequantised once into a copy (all experts at once, and two at a
 // time through a smaller copy), then multiplied with both operands in shared memory, in m-tiles of
 // 256 routed rows whose epilogue runs in two parts of 128. Rows per expert and the m-tiles they
