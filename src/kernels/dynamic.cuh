@@ -382,7 +382,10 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) frag_a_bf16(lut, words[ks], slo, shi, ks, a[ks]);
       }
-      ptx::fence_proxy_async_smem();  // the writers fenced; this one is belt and braces
+      // No proxy fence here: the tile's writers (the producer's cp.async) completed them, fenced them
+      // for the async proxy and then arrived on "full" (hand_over), and this thread's wait on "full"
+      // acquires that; a fence by the reader orders only its own accesses. (It was here until session
+      // 13 as "belt and braces": MEMBAR.ALL.CTA, FENCE.VIEW.ASYNC and 4 LDS a stage.)
       ptx::fence_operand(acc);
       ptx::wgmma_fence();
       // The stage's k16 steps lie constant offsets past its first: added to the descriptor's address
