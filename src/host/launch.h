@@ -171,7 +171,8 @@ struct DirectMicroWorkspace {
   size_t bytes() const;
   int max_routes = 0;  // routes (T·K) this workspace holds
   int grid = 0;        // co-resident CTAs of the compiled kernel on this device
-  int fc2_parts = 1;      // CTAs per FC2 item (direct_micro.cuh Params::fc2_parts)
+  int fc2_parts = 1;       // CTAs per FC2 item of 16 columns (direct_micro.cuh Params::fc2_parts)
+  int fc2_parts_wide = 1;  // the same for items of 32 columns (Params::fc2_wide)
   DeviceBuffer a1, a2, barrier, fc2_scratch, fc2_flags;
 };
 // RunArgs::trace of direct_micro: [grid][kDirectMicroTraceSlots] per CTA, zeroed by the caller: %globaltimer

@@ -76,12 +76,14 @@ DirectMicroWorkspace::DirectMicroWorkspace(const MoeConfig& c, const DeviceWeigh
   }
   FP4MOE_REQUIRE(per_sm >= 1, Unsupported, "backend", "direct_micro cannot be resident on this device");
   grid = sms * per_sm;
-  // FC2 has h_pad / 16 items; when that is at most half the grid, 2..4 CTAs share each item by expert
-  // range, so every CTA streams FC2 weights (items · parts ≤ grid: no CTA holds two, none waits on itself).
+  // FC2 has h_pad / 16 items (h_pad / 32 wide); when that is at most half the grid, 2..4 CTAs share
+  // each item by expert range, so every CTA streams FC2 weights (items · parts ≤ grid: no CTA holds
+  // two, none waits on itself). The scratch holds h_pad columns of every route for either width.
   const int items = w.h_pad / 16;
   fc2_parts = std::clamp(grid / items, 1, dm::kMaxFc2Parts);
-  if (fc2_parts > 1) {
-    fc2_scratch = DeviceBuffer(static_cast<size_t>(items) * max_routes * 16 * sizeof(float), "workspace.dm_fc2_scratch");
+  fc2_parts_wide = std::clamp(grid / (items / 2), 1, dm::kMaxFc2Parts);
+  if (fc2_parts_wide > 1) {
+    fc2_scratch = DeviceBuffer(static_cast<size_t>(w.h_pad) * max_routes * sizeof(float), "workspace.dm_fc2_scratch");
     fc2_flags = DeviceBuffer(static_cast<size_t>(items) * dm::kMaxFc2Parts * sizeof(unsigned), "workspace.dm_fc2_flags");
     FP4MOE_CUDA_CHECK(cudaMemset(fc2_flags.get(), 0, fc2_flags.bytes()));
   }
@@ -126,18 +128,30 @@ void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicro
   p.a2 = ws.a2.get<__nv_bfloat16>();
   p.zero_row = ws.max_routes;
   p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
-  // One token: no FC2 split. Its FC2 units are so small that a CTA's GEMM takes as long split or not
-  // (qwen3-30b-a3b T = 1: per-CTA max 8.0 µs split, 7.5 unsplit), and the hand-over only adds: the
-  // phase ends at 32.4 µs split, 30.1 unsplit (bench/results/h200-direct-micro-phases-20261202-
-  // preload.txt). From T = 8 the split wins (99.0 vs 111.1 µs).
-  p.fc2_parts = a.tokens == 1 ? 1 : ws.fc2_parts;
+  // FC2's item width and split depend on the routes (T·K), never on T alone, so a call and the
+  // expert-parallel path's K = 1 call over the same routes (T·K tokens) take the same k-chunks and
+  // give the same bits (EpWorldOfOne.EqualsMoeRunnerBitForBit).
+  // - Fewer than kFc2SplitRoutes routes (every named shape at T = 1): 16-column items, no split. Their
+  //   FC2 units are so small that a CTA's GEMM takes as long split or not (qwen3-30b-a3b T = 1:
+  //   per-CTA max 8.0 µs split, 7.5 unsplit), and the hand-over only adds: the phase ends at 32.4 µs
+  //   split, 30.1 unsplit (bench/results/h200-direct-micro-phases-20261202-preload.txt).
+  // - From there, FC2 items of 32 columns where their sums fit the shared memory (half the B loads
+  //   and A2 re-reads of 16-column items): against 16-column items, median 0.978 over qwen3-30b-a3b,
+  //   gpt-oss-120b and mixtral-8x7b at T = 2, 32, 64, a4 and a16 (qwen3 a4 T = 2 -6.5 %, T = 32 -4 %;
+  //   bench/results/NOTES.md, session 14). kG = 2 kernels keep 16 columns (kernel_for's wide route
+  //   groups), as do calls past kFc2WideRoutes.
+  constexpr int kFc2SplitRoutes = 16;
+  const bool f16 = f16_operands(c), groups2 = wide_groups(c, a.tokens);
+  const bool small = p.routes < kFc2SplitRoutes;
+  p.fc2_wide = !small && !groups2 && p.routes <= (f16 ? dm::kFc2WideRoutes<true> : dm::kFc2WideRoutes<false>);
+  p.fc2_parts = small ? 1 : p.fc2_wide ? ws.fc2_parts_wide : ws.fc2_parts;
   p.fc2_scratch = p.fc2_parts > 1 ? ws.fc2_scratch.get<float>() : nullptr;
   p.fc2_flags = p.fc2_parts > 1 ? ws.fc2_flags.get<unsigned>() : nullptr;
   p.out = a.out;
   p.out_fp32 = c.output_dtype == OutputDType::kFP32;
   p.trace = a.trace;
   void* args[] = {&p};
-  FP4MOE_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_for(wide_groups(c, a.tokens), f16_operands(c)), ws.grid,
+  FP4MOE_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_for(groups2, f16), ws.grid,
                                                 dm::kThreads, args, smem_bytes(f16_operands(c)), a.stream));
 }
 

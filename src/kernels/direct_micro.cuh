@@ -12,7 +12,8 @@
 //             memory in warp order, and apply alpha, bias, activation, bf16 rounding and Q2 → A2[r]
 //             (one warp per route, a lane per column, block amax by shuffles)
 //                                                                                          → barrier
-//   phase 2   one CTA item per 16 output columns: its warps take (expert, k-chunk) units of W2 for
+//   phase 2   one CTA item per 16 output columns (32 when Params::fc2_wide: two W2 row tiles per
+//             unit share its B fragments): its warps take (expert, k-chunk) units of W2 for
 //             every touched expert, leave per-route sums in shared memory, and the CTA writes
 //             out[t] = Σ_j w[t,j]·(alpha2·Σ_kc + b2) in slot order — each output element once
 //
@@ -85,10 +86,17 @@ struct Params {
   __nv_bfloat16* a2;  // [zero_row + 1][i_pad]
   int zero_row;
   GridBarrier barrier;
-  // FC2 items split over fc2_parts CTAs by touched-expert range when there are fewer items (h_pad / 16)
-  // than half the grid: parts 1.. leave their routes' sums in fc2_scratch [h_pad / 16][zero_row][16]
-  // and publish fc2_flags[rt · kMaxFc2Parts + part] = this launch's barrier epoch; part 0 adds all.
+  // FC2 items split over fc2_parts CTAs by touched-expert range when there are fewer items (h_pad / 16,
+  // or h_pad / 32 wide) than half the grid: parts 1.. leave their routes' sums in fc2_scratch
+  // [items][zero_row][item columns] and publish fc2_flags[item · kMaxFc2Parts + part] = this launch's
+  // barrier epoch; part 0 adds all. The k-chunks depend on the parts (fc2_chunks), and the launch
+  // picks parts and width from the routes alone, so calls over the same routes sum alike.
   int fc2_parts;
+  // FC2 items of 32 output columns (two 16-row tiles of W2 streamed against the same B fragments:
+  // half the B loads and half the A2 re-reads of 16-column items) instead of 16. The launch sets it
+  // only when routes ≤ kFc2WideRoutes (the per-route sums of 32 columns fill the same shared memory),
+  // and only for kG = 1 kernels (the kG = 2 kernels ignore it).
+  bool fc2_wide;
   float* fc2_scratch;
   unsigned* fc2_flags;
   void* out;
@@ -113,8 +121,8 @@ using Tables = FragTables;
 template <int kR>
 struct alignas(16) SmemT {
   static constexpr int kSlots = kR < kMaxExperts ? kR : kMaxExperts;
-  // (k-chunk, route) rows of FC2 sums: fc2_chunks keeps KC · routes ≤ this, one chunk per route at
-  // kR routes.
+  // (k-chunk, route) rows of 16-column FC2 sums: fc2_chunks keeps KC · routes ≤ this, one chunk per
+  // route at kR routes. Rows of 32 columns (fc2_wide) reuse the storage: half as many.
   static constexpr int kFc2Slots = kR;
   int count[kMaxExperts];      // routes per local expert, then the expert's slot in `touched`
   int cursor[kMaxExperts];     // next free place in the route list, per slot
@@ -135,6 +143,18 @@ struct alignas(16) SmemT {
 };
 template <bool kF16>
 using Smem = SmemT<kMaxRoutes<kF16>>;
+// Routes up to which a variant's FC2 can take items of 32 columns (Params::fc2_wide).
+template <bool kF16>
+inline constexpr int kFc2WideRoutes = Smem<kF16>::kFc2Slots / 2;
+// Row `row` of the FC2 sums when rows are kCols floats wide (16, or 32 for fc2_wide).
+template <int kCols, int kR>
+__device__ __forceinline__ float* fc2_sums(SmemT<kR>& sm, int row) {
+  return &sm.u.fc2[0][0] + row * kCols;
+}
+template <int kCols, int kR>
+__device__ __forceinline__ const float* fc2_sums(const SmemT<kR>& sm, int row) {
+  return &sm.u.fc2[0][0] + row * kCols;
+}
 // Dynamic shared memory of a variant's launch.
 template <bool kF16>
 inline constexpr size_t kSmemBytes = sizeof(Smem<kF16>) + (kF16 ? 0 : sizeof(Tables));
@@ -331,13 +351,14 @@ __device__ __forceinline__ void mma_stage(const StreamStage<kS, kU, kG>& st, con
   }
 }
 
-// Streams kS weight row tiles of one expert over KT k-tiles against kG groups of routed rows. One
-// stream (FC2): two register stages of kU k-tiles each, the next stage's loads issued before the
+// Streams kS weight row tiles of one expert over KT k-tiles against kG groups of routed rows.
+// kStages = 2 (FC2): two register stages of kU k-tiles each, the next stage's loads issued before the
 // current stage's dequantisation and MMAs, so a warp's load latency overlaps its own arithmetic (the loop is
-// issue-bound, and the warps of a CTA run in step between the item's barriers). w[s]/sc[s]: the first
+// issue-bound, and the warps of a CTA run in step between the item's barriers); kStages = 1 (FC1):
+// one stage, loaded then used. w[s]/sc[s]: the first
 // k-tile's code and scale pointers of stream s; brow[q]: this lane's B row of group q. acc[s][q]:
 // m16n8 accumulators.
-template <int kS, int kU, int kG, bool kF16>
+template <int kS, int kU, int kG, bool kF16, int kStages>
 __device__ __forceinline__ void stream_gemm(const Params& p, const Smem<kF16>& sm, const uint4* const (&w)[kS],
                                             const uint8_t* const (&sc)[kS], int KT,
                                             const __nv_bfloat16* const (&brow)[kG], float (&acc)[kS][kG][4]) {
@@ -345,9 +366,10 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem<kF16>& s
   // frag_scales' MX spreading drops out of its loop.
   const int sb = kF16 ? 4 : 64 / p.block;
   const FragLut lut = frag_lut(tables(sm));  // bf16 path only (the f16 launch has no tables)
-  // Two stages of FC1's tiles (kS = 2 or 4 streams) spill 100-140 bytes under the 128-register
-  // bound of two CTAs per SM; FC2's single stream fits with either route-group count.
-  if constexpr (kS > 1) {  // one stage, loaded then used
+  // Two stages of FC1's tiles (kS = 2 or 4 streams, kU = 2 at kG = 1) spill 100-140 bytes under the
+  // 128-register bound of two CTAs per SM; FC2's one or two streams fit with either route-group count.
+  static_assert(kStages == 1 || kStages == 2, "one or two register stages");
+  if constexpr (kStages == 1) {
     for (int kt0 = 0; kt0 < KT; kt0 += kU) {
       StreamStage<kS, kU, kG> st;
       load_stage(st, w, sc, sb, KT, brow, kt0);
@@ -407,7 +429,7 @@ __device__ void fc1_item(const Params& p, Smem<kF16>& sm, int u, int cb) {
     if (nkt > 0) {
       const __nv_bfloat16* brow[kG];
       group_rows<kG>(p, sm, p.a1 + kt0 * 64, p.h_pad, base, end, brow);
-      stream_gemm<kS, kU, kG, kF16>(p, sm, w, sc, nkt, brow, acc);
+      stream_gemm<kS, kU, kG, kF16, 1>(p, sm, w, sc, nkt, brow, acc);
     }
     // accumulator (s, q, i): weight row 16·(s&1) + g + 8·(i/2) of the up (s < 2) or gate half,
     // route base + 8q + 2c + i%2.
@@ -456,29 +478,34 @@ __device__ void fc1_item(const Params& p, Smem<kF16>& sm, int u, int cb) {
 // FC2 k-chunks per touched expert: enough (expert, chunk) units for every warp of a CTA, none
 // empty, and their sums fit the CTA's `slots` rows (SmemT::kFc2Slots): KC · routes ≤ slots, since
 // routes ≤ slots (the launch's capacity check) makes fit ≥ 1 and k_chunk_count never exceeds it.
-__device__ __forceinline__ int fc2_chunks(int touched, int KT, int routes, int slots) {
+// A CTA's units are those of its part's experts (touched / parts, rounded up), so the chunks are
+// counted from those: with every expert counted, an item split over parts left warps idle (mixtral
+// T = 32, 32-column items in two parts of 4 experts: 4 units for 8 warps).
+__device__ __forceinline__ int fc2_chunks(int touched, int parts, int KT, int routes, int slots) {
   const int fit = slots / max(routes, 1);
-  return k_chunk_count(touched, KT, kWarps, min(fit, kWarps));
+  return k_chunk_count((touched + parts - 1) / parts, KT, kWarps, min(fit, kWarps));
 }
 
 // Route r's FC2 result in column col of the current item: its k-chunk sums added in kc order. The
 // part that computed them and part 0 (when the item is split) both read it through here, so a split
 // item sums exactly like an unsplit one.
-template <int kR>
+template <int kCols, int kR>
 __device__ __forceinline__ float route_sum(const SmemT<kR>& sm, int routes, int KC, int r, int col) {
   float d = 0.f;
-  for (int kc = 0; kc < KC; ++kc) d += sm.u.fc2[kc * routes + r][col];
+  for (int kc = 0; kc < KC; ++kc) d += fc2_sums<kCols>(sm, kc * routes + r)[col];
   return d;
 }
 
-// Phase 2 item: output columns [16·rt, 16·rt + 16) of the touched experts in slots [u0, u1) (part
-// `part` of p.fc2_parts). Unit (expert slot u, k-chunk kc) → warp unit % kWarps; sums per (kc, route)
-// in shared memory. Part 0 then writes each token's 16 outputs, once; other parts hand it their
-// routes' sums through fc2_scratch. The sum of a route (Σ over kc in order) and the top-k sum are
-// the same arithmetic however the item is split.
-template <int kG, bool kF16>
-__device__ void fc2_item(const Params& p, Smem<kF16>& sm, int rt, int part, int KC) {
-  constexpr int kU = kG == 1 ? 2 : 1, kRoutes = 8 * kG;  // k-tiles per stage (two stages)
+// Phase 2 item: output columns [kCols·rc, kCols·rc + kCols) of the touched experts in slots [u0, u1)
+// (part `part` of p.fc2_parts), kCols = 16·kW: kW W2 row tiles per unit, streamed against the same B
+// fragments. Unit (expert slot u, k-chunk kc) → warp unit % kWarps; sums per (kc, route) in shared
+// memory. Part 0 then writes each token's kCols outputs, once; other parts hand it their routes' sums
+// through fc2_scratch. The sum of a route (Σ over kc in order) and the top-k sum are the same
+// arithmetic however the item is split or however wide it is.
+template <int kG, bool kF16, int kW>
+__device__ void fc2_item(const Params& p, Smem<kF16>& sm, int rc, int part, int KC) {
+  // k-tiles per stage (two stages): one stream holds two at kG = 1; two streams one.
+  constexpr int kU = kW == 1 && kG == 1 ? 2 : 1, kRoutes = 8 * kG, kCols = 16 * kW;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   unsigned long long t0 = p.trace != nullptr ? now_ns() : 0;
   const int KT = p.i_pad / 64, RT = p.h_pad / 16, nt = sm.num_touched;
@@ -489,33 +516,41 @@ __device__ void fc2_item(const Params& p, Smem<kF16>& sm, int rt, int part, int 
     const int u = u0 + unit / KC, kc = unit % KC;
     const int e = sm.touched[u], begin = sm.start[u], end = sm.start[u + 1];
     const int kt0 = kc * per, nkt = min(KT, kt0 + per) - kt0;  // ≥ 1 (k_chunk_count)
-    const int64_t tile0 = (static_cast<int64_t>(e) * RT + rt) * KT + kt0;
-    const uint4* w[1] = {p.w2 + tile0 * 32};
-    const uint8_t* sc[1] = {p.s2 + tile0 * 16 * sb};
-    float* slots = &sm.u.fc2[kc * p.routes][0];
+    const uint4* w[kW];
+    const uint8_t* sc[kW];
+#pragma unroll
+    for (int s = 0; s < kW; ++s) {
+      const int64_t tile0 = (static_cast<int64_t>(e) * RT + kW * rc + s) * KT + kt0;
+      w[s] = p.w2 + tile0 * 32;
+      sc[s] = p.s2 + tile0 * 16 * sb;
+    }
+    float* slots = fc2_sums<kCols>(sm, kc * p.routes);
     for (int base = begin; base < end; base += kRoutes) {
       const __nv_bfloat16* brow[kG];
       group_rows<kG>(p, sm, p.a2 + kt0 * 64, p.i_pad, base, end, brow);
-      float acc[1][kG][4] = {};
-      stream_gemm<1, kU, kG, kF16>(p, sm, w, sc, nkt, brow, acc);
+      float acc[kW][kG][4] = {};
+      stream_gemm<kW, kU, kG, kF16, 2>(p, sm, w, sc, nkt, brow, acc);
+      // accumulator (s, q, i): output column 16·s + g + 8·(i/2) of the item, route base + 8q + 2c + i%2.
 #pragma unroll
       for (int q = 0; q < kG; ++q)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int idx = base + 8 * q + 2 * c + (i & 1);
-          if (idx < end) slots[sm.list[idx] * 16 + g + 8 * (i >> 1)] = acc[0][q][i];
+          if (idx < end)
+#pragma unroll
+            for (int s = 0; s < kW; ++s) slots[sm.list[idx] * kCols + 16 * s + g + 8 * (i >> 1)] = acc[s][q][i];
         }
     }
   }
   __syncthreads();
   lap(p, &t0, 2);
-  float* scratch = p.fc2_scratch + static_cast<int64_t>(rt) * p.zero_row * 16;  // [route][16] of this rt
-  unsigned* flags = p.fc2_flags + rt * kMaxFc2Parts;
+  float* scratch = p.fc2_scratch + static_cast<int64_t>(rc) * p.zero_row * kCols;  // [route][kCols] of this item
+  unsigned* flags = p.fc2_flags + rc * kMaxFc2Parts;
   if (part > 0) {  // hand this part's route sums to part 0
-    for (int i = threadIdx.x; i < p.routes * 16; i += kThreads) {
-      const int r = i >> 4, slot = sm.route_slot[r];
+    for (int i = threadIdx.x; i < p.routes * kCols; i += kThreads) {
+      const int r = i / kCols, slot = sm.route_slot[r];
       if (slot < u0 || slot >= u1) continue;  // also skips slot -1 (part > 0: u0 ≥ 0)
-      scratch[i] = route_sum(sm, p.routes, KC, r, i & 15);
+      scratch[i] = route_sum<kCols>(sm, p.routes, KC, r, i % kCols);
     }
     __threadfence();
     __syncthreads();
@@ -532,15 +567,15 @@ __device__ void fc2_item(const Params& p, Smem<kF16>& sm, int rt, int part, int 
     }
     __syncthreads();
   }
-  for (int i = threadIdx.x; i < p.tokens * 16; i += kThreads) {
-    const int t = i >> 4, col = 16 * rt + (i & 15);
+  for (int i = threadIdx.x; i < p.tokens * kCols; i += kThreads) {
+    const int t = i / kCols, ci = i % kCols, col = kCols * rc + ci;
     if (col >= p.hidden) continue;
     float s = 0.f;
     for (int j = 0; j < p.top_k; ++j) {
       const int r = t * p.top_k + j, slot = sm.route_slot[r];
       if (slot < 0) continue;
       // Another part's sums were written by another CTA in this launch: read through L2, not L1.
-      const float d = slot < u1 ? route_sum(sm, p.routes, KC, r, i & 15) : __ldcg(scratch + r * 16 + (i & 15));
+      const float d = slot < u1 ? route_sum<kCols>(sm, p.routes, KC, r, ci) : __ldcg(scratch + r * kCols + ci);
       const float b = p.b2 ? p.b2[static_cast<int64_t>(sm.touched[slot]) * p.h_pad + col] : 0.f;
       // Weighted term rounded on its own, then added (no FMA contraction): the same arithmetic as a
       // K = 1 call per route followed by a slot-order sum, which the expert-parallel all-to-all path
@@ -552,6 +587,16 @@ __device__ void fc2_item(const Params& p, Smem<kF16>& sm, int rt, int part, int 
   }
   __syncthreads();  // the slots are reused by the next item
   lap(p, &t0, 3);
+}
+
+// Phase 2 of a CTA: its FC2 items of 16·kW output columns.
+template <int kG, bool kF16, int kW>
+__device__ void fc2_phase(const Params& p, Smem<kF16>& sm) {
+  const int KC2 = fc2_chunks(sm.num_touched, p.fc2_parts, p.i_pad / 64, p.routes, Smem<kF16>::kFc2Slots / kW);
+  const int items2 = p.h_pad / (16 * kW) * p.fc2_parts;
+  where(p, 2, static_cast<int>(blockIdx.x) < items2 ? (items2 - 1 - blockIdx.x) / gridDim.x + 1 : 0);
+  for (int item = blockIdx.x; item < items2; item += gridDim.x)
+    fc2_item<kG, kF16, kW>(p, sm, item / p.fc2_parts, item % p.fc2_parts, KC2);
 }
 
 // kG: route groups of 8 per weight pass. kF16: NVFP4 weights with NVFP4 (a4) activations, on f16
@@ -597,12 +642,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   grid_sync(p.barrier);
   stamp(p, 5);
 
-  // Phase 2: FC2 + top-k sum per 16 output columns.
-  const int KC2 = fc2_chunks(nt, p.i_pad / 64, p.routes, Smem<kF16>::kFc2Slots);
-  const int items2 = p.h_pad / 16 * p.fc2_parts;
-  where(p, 2, static_cast<int>(blockIdx.x) < items2 ? (items2 - 1 - blockIdx.x) / gridDim.x + 1 : 0);
-  for (int item = blockIdx.x; item < items2; item += gridDim.x)
-    fc2_item<kG, kF16>(p, sm, item / p.fc2_parts, item % p.fc2_parts, KC2);
+  // Phase 2: FC2 + top-k sum per 16 or 32 output columns.
+  // (kG = 2 keeps 16: two route groups and two W2 row tiles in two stages spill.)
+  if (kG == 1 && p.fc2_wide) fc2_phase<kG, kF16, kG == 1 ? 2 : 1>(p, sm);
+  else fc2_phase<kG, kF16, 1>(p, sm);
   stamp(p, 6);
 }
 

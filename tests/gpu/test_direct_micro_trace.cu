@@ -133,10 +133,11 @@ TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
       for (int rep = 0; rep < 3; ++rep) gpu::launch_direct_micro(c, *w, ws, a);
       GPU_CHECK(cudaDeviceSynchronize());
       a.trace = trace.get();
-      std::printf("%s T=%lld grid %d fc2_parts %d\n", model, static_cast<long long>(T), ws.grid, ws.fc2_parts);
+      std::printf("%s T=%lld grid %d fc2_parts %d (32-column items: %d)\n", model, static_cast<long long>(T), ws.grid,
+                  ws.fc2_parts, ws.fc2_parts_wide);
       // As the bench times it (weights evicted from L2 first), with and without the FC2 split; then
       // with the weights already in L2.
-      const int parts = ws.fc2_parts;
+      const int parts = ws.fc2_parts, parts_wide = ws.fc2_parts_wide;
       struct Run {
         const char* what;
         int parts;
@@ -145,6 +146,7 @@ TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
       for (const Run& r : {Run{"L2 flushed", parts, true}, Run{"L2 flushed, FC2 unsplit", 1, true},
                            Run{"weights in L2", parts, false}}) {
         ws.fc2_parts = r.parts;
+        ws.fc2_parts_wide = r.parts == 1 ? 1 : parts_wide;
         spin<<<ws.grid, 32>>>(20'000'000ull);  // the host work between launches let the GPU idle
         if (r.flush) flush_read<<<1056, 256>>>(flush_buf.get(), flush_n, sink.get());
         else gpu::launch_direct_micro(c, *w, ws, gpu::RunArgs{a.x, a.ids, a.ids_type, a.topk_weights, a.out, T, nullptr});
@@ -155,6 +157,7 @@ TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
         print_phases(r.what, trace.download(), ws.grid);
       }
       ws.fc2_parts = parts;
+      ws.fc2_parts_wide = parts_wide;
     }
   }
 }

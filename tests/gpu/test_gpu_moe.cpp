@@ -327,8 +327,9 @@ TEST(GpuEdge, DirectMicroAtItsRouteCapacity) {
       int64_t routes;
       bool one_expert;
     };
+    // cap / 2 routes spread over 128 experts: the most that FC2's 32-column items take (kFc2WideRoutes).
     for (const Case& k : {Case{128, 8, cap, false}, Case{64, 1, cap, false}, Case{64, 4, cap, true},
-                          Case{64, 4, cap / 2, true}}) {
+                          Case{64, 4, cap / 2, true}, Case{128, 8, cap / 2, false}}) {
       const MoeConfig c = make_config(k.experts, 512, 256, k.top_k, v.format, v.mode, v.act, true);
       const int64_t T = k.routes / k.top_k;
       ProblemSpec s{c, T, static_cast<uint64_t>(900 + cap + k.experts + k.top_k + k.one_expert)};
