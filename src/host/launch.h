@@ -184,6 +184,14 @@ inline constexpr int kDirectMicroTraceSlots = kDirectMicroTraceStamps + kDirectM
 // Whether direct_micro takes T = tokens: T·K within the capacity of the variant the config uses
 // (f16 for NVFP4 weights with a4 activations: 1024 routes; bf16 otherwise: 512) and E_local ≤ 1024.
 bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why);
+// direct_micro's FC2 items for a call of `routes` routes (T·K): 32 output columns (wide) or 16, and
+// the CTAs that share each (parts: the workspace's fc2_parts_wide or fc2_parts, given here as parts32
+// and parts16, or 1). Depends on the routes, never on T alone (launch_direct_micro.cu says why).
+struct DirectMicroFc2Plan {
+  bool wide;
+  int parts;
+};
+DirectMicroFc2Plan direct_micro_fc2_plan(bool f16, int64_t routes, int64_t local_experts, int parts16, int parts32);
 void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicroWorkspace& ws, const RunArgs& a);
 
 }  // namespace fp4moe::gpu

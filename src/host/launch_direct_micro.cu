@@ -19,9 +19,8 @@ namespace {
 // loop is latency-bound, not arithmetic-bound), and an expert with more than 8 routes simply takes
 // more passes (its weights then come from L2). kG = 2 pays off only when the mean expert has more
 // than 8 routes: T·K routes over min(E, T·K) touched experts at most.
-bool wide_groups(const MoeConfig& c, int64_t tokens) {
-  const int64_t routes = tokens * c.top_k;
-  return routes > 8 * std::min<int64_t>(c.local_count(), routes);
+bool wide_groups(int64_t routes, int64_t local_experts) {
+  return routes > 8 * std::min<int64_t>(local_experts, routes);
 }
 // T·K the config's variant accepts (direct_micro.cuh kMaxRoutes).
 int route_capacity(const MoeConfig& c) { return f16_operands(c) ? dm::kMaxRoutes<true> : dm::kMaxRoutes<false>; }
@@ -37,6 +36,26 @@ void* kernel_for(bool wide, bool f16) {
               : reinterpret_cast<void*>(dm::direct_micro_kernel<1, false>);
 }
 }  // namespace
+
+DirectMicroFc2Plan direct_micro_fc2_plan(bool f16, int64_t routes, int64_t local_experts, int parts16, int parts32) {
+  // A function of the routes (T·K), never of T alone, so that a call and the expert-parallel path's
+  // K = 1 call over the same routes (T·K tokens) take the same items and k-chunks (fc2_chunks counts
+  // them per part) and give the same bits (EpWorldOfOne.EqualsMoeRunnerBitForBit).
+  // - Fewer than kFc2SplitRoutes routes (every named shape at T = 1): 16-column items, no split. Their
+  //   FC2 units are so small that a CTA's GEMM takes as long split or not (qwen3-30b-a3b T = 1:
+  //   per-CTA max 8.0 µs split, 7.5 unsplit), and the hand-over only adds: the phase ends at 32.4 µs
+  //   split, 30.1 unsplit (bench/results/h200-direct-micro-phases-20261202-preload.txt).
+  // - From there, items of 32 columns where their sums fit the shared memory (half the B loads and
+  //   A2 re-reads of 16-column items): against 16-column items, median 0.978 over qwen3-30b-a3b,
+  //   gpt-oss-120b and mixtral-8x7b at T = 2, 32, 64, a4 and a16 (qwen3 a4 T = 2 -6.5 %, T = 32 -4 %;
+  //   bench/results/NOTES.md, session 14). The kG = 2 kernels (wide route groups) keep 16 columns, as
+  //   do calls past kFc2WideRoutes.
+  constexpr int64_t kFc2SplitRoutes = 16;
+  if (routes < kFc2SplitRoutes) return {false, 1};
+  const bool wide = !wide_groups(routes, local_experts) &&
+                    routes <= (f16 ? dm::kFc2WideRoutes<true> : dm::kFc2WideRoutes<false>);
+  return {wide, wide ? parts32 : parts16};
+}
 
 bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why) {
   if (tokens * c.top_k > route_capacity(c)) {
@@ -128,23 +147,10 @@ void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicro
   p.a2 = ws.a2.get<__nv_bfloat16>();
   p.zero_row = ws.max_routes;
   p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
-  // FC2's item width and split depend on the routes (T·K), never on T alone, so a call and the
-  // expert-parallel path's K = 1 call over the same routes (T·K tokens) take the same k-chunks and
-  // give the same bits (EpWorldOfOne.EqualsMoeRunnerBitForBit).
-  // - Fewer than kFc2SplitRoutes routes (every named shape at T = 1): 16-column items, no split. Their
-  //   FC2 units are so small that a CTA's GEMM takes as long split or not (qwen3-30b-a3b T = 1:
-  //   per-CTA max 8.0 µs split, 7.5 unsplit), and the hand-over only adds: the phase ends at 32.4 µs
-  //   split, 30.1 unsplit (bench/results/h200-direct-micro-phases-20261202-preload.txt).
-  // - From there, FC2 items of 32 columns where their sums fit the shared memory (half the B loads
-  //   and A2 re-reads of 16-column items): against 16-column items, median 0.978 over qwen3-30b-a3b,
-  //   gpt-oss-120b and mixtral-8x7b at T = 2, 32, 64, a4 and a16 (qwen3 a4 T = 2 -6.5 %, T = 32 -4 %;
-  //   bench/results/NOTES.md, session 14). kG = 2 kernels keep 16 columns (kernel_for's wide route
-  //   groups), as do calls past kFc2WideRoutes.
-  constexpr int kFc2SplitRoutes = 16;
-  const bool f16 = f16_operands(c), groups2 = wide_groups(c, a.tokens);
-  const bool small = p.routes < kFc2SplitRoutes;
-  p.fc2_wide = !small && !groups2 && p.routes <= (f16 ? dm::kFc2WideRoutes<true> : dm::kFc2WideRoutes<false>);
-  p.fc2_parts = small ? 1 : p.fc2_wide ? ws.fc2_parts_wide : ws.fc2_parts;
+  const bool f16 = f16_operands(c), groups2 = wide_groups(p.routes, c.local_count());
+  const DirectMicroFc2Plan fc2 = direct_micro_fc2_plan(f16, p.routes, c.local_count(), ws.fc2_parts, ws.fc2_parts_wide);
+  p.fc2_wide = fc2.wide;
+  p.fc2_parts = fc2.parts;
   p.fc2_scratch = p.fc2_parts > 1 ? ws.fc2_scratch.get<float>() : nullptr;
   p.fc2_flags = p.fc2_parts > 1 ? ws.fc2_flags.get<unsigned>() : nullptr;
   p.out = a.out;

@@ -17,6 +17,7 @@
 #include "cpu/expect_error.h"
 #include "fp4moe/fp4moe.h"
 #include "gpu/gpu_util.h"
+#include "host/launch.h"
 #include "reference/reference.h"
 #include "testing/problem.h"
 
@@ -302,6 +303,33 @@ TEST(GpuEdge, NanInOneTokenStaysInThatToken) {
     bool any_nan = false;
     for (int c = 0; c < 256; ++c) any_nan |= std::isnan(fmt::f32_from_bf16(o[t * 256 + c]));
     EXPECT_EQ(any_nan, t == 2) << "token " << t;
+  }
+}
+
+// direct_micro's FC2 plan (no GPU needed): the item width and split follow the routes alone, so
+// (T, K) and the expert-parallel path's (T·K, 1) over the same routes get the same plan; fewer than
+// 16 routes keep the T = 1 path (16 columns, unsplit); 32 columns up to the variant's
+// kFc2WideRoutes (f16 512, bf16 256) when the kernel runs one route group (≤ 8 routes per expert).
+TEST(DirectMicroFc2Plan, FollowsTheRoutes) {
+  struct Want {
+    bool f16;
+    int64_t routes, experts;
+    bool wide;
+    int parts;
+  };
+  constexpr int p16 = 2, p32 = 4;  // e.g. qwen3-30b-a3b's workspace: H = 2048 over 264 CTAs
+  for (const Want& w : {Want{true, 8, 128, false, 1},      // qwen3-30b-a3b T = 1 (K = 8)
+                        Want{false, 15, 128, false, 1},    // under 16 routes: unsplit
+                        Want{true, 16, 128, true, p32},    // qwen3 T = 2
+                        Want{true, 512, 128, true, p32},   // qwen3 T = 64: the f16 variant's last wide call
+                        Want{true, 513, 128, false, p16},  // past it: 16 columns
+                        Want{false, 256, 128, true, p32},  // the bf16 variant's last wide call
+                        Want{false, 257, 128, false, p16},
+                        Want{true, 64, 8, true, p32},      // 8 routes per expert: one route group, wide...
+                        Want{true, 72, 8, false, p16}}) {  // ...9: two route groups, 16 columns
+    const gpu::DirectMicroFc2Plan got = gpu::direct_micro_fc2_plan(w.f16, w.routes, w.experts, p16, p32);
+    EXPECT_EQ(got.wide, w.wide) << w.routes << " routes over " << w.experts;
+    EXPECT_EQ(got.parts, w.parts) << w.routes << " routes over " << w.experts;
   }
 }
 
