@@ -8,6 +8,9 @@
 # --bin .carry/NAME with the arguments after "--" (--bench, --ncu, --step-timeout, ...); its logs
 # come back as $OUT/NAME/logs.tgz. Give the benches a --seed so every tree draws the same inputs.
 # Wrap the call in `timeout` below the tool's limit: a TERM still packs the logs of the running tree.
+# Binaries carried gzipped (.carry/NAME/*.gz: the carry is 64 MiB) are unpacked first. With $OUT set
+# (the device tool, which brings back at most 8 files), everything under $OUT is packed into
+# $OUT/all.tgz at the end, the A/B table included (compare.txt).
 # E.g. (device tool, carry [".carry"]):
 #   timeout 580 bash scripts/device_ab.sh --tests new main new -- --step-timeout 150 \
 #     --bench "--model qwen3-30b-a3b --tokens 1,8,64 --backend direct_micro --iters 20 --no-peer --seed 11"
@@ -22,13 +25,16 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do
   shift
 done
 [ $# -gt 0 ] && shift  # the "--"
+for f in .carry/*/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done
+chmod +x .carry/*/fp4moe* 2>/dev/null
 for t in "${trees[@]}" "${tests[@]%%:*}"; do
   [ -x ".carry/$t/fp4moe" ] || { echo "device_ab.sh: no .carry/$t/fp4moe (scripts/carry_build.sh builds it)" >&2; exit 2; }
 done
 out=${OUT:-build-device/ab}
 mkdir -p "$out"
+pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/all.tgz" --exclude=all.tgz -C "$OUT" . 2>/dev/null; }
 child=0
-trap '[ $child -ne 0 ] && kill -TERM $child && wait $child; exit 143' TERM
+trap '[ $child -ne 0 ] && kill -TERM $child && wait $child; pack; exit 143' TERM
 summary=()
 for spec in "${tests[@]}"; do
   name=${spec%%:*} filter='*'
@@ -58,5 +64,6 @@ printf '%s\n' "${summary[@]}"
 if [ ${#jsonls[@]} -ge 2 ]; then
   echo
   names=$(IFS=,; echo "${benched[*]}")
-  python3 bench/compare.py "${jsonls[@]}" --names "$names"
+  python3 bench/compare.py "${jsonls[@]}" --names "$names" | tee "$out/compare.txt"
 fi
+pack
