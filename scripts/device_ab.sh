@@ -9,7 +9,7 @@
 # come back as $OUT/NAME/logs.tgz. Give the benches a --seed so every tree draws the same inputs.
 # Wrap the call in `timeout` below the tool's limit: a TERM still packs the logs of the running tree.
 # Binaries carried gzipped (.carry/NAME/*.gz: the carry is 64 MiB) are unpacked first. With $OUT set
-# (the device tool, which brings back at most 8 files), everything under $OUT is packed into
+# (the device tool, which brings back at most 8 files), the logs go to $OUT/r and are packed into
 # $OUT/all.tgz at the end, the A/B table included (compare.txt).
 # E.g. (device tool, carry [".carry"]):
 #   timeout 580 bash scripts/device_ab.sh --tests new main new -- --step-timeout 150 \
@@ -30,9 +30,10 @@ chmod +x .carry/*/fp4moe* 2>/dev/null
 for t in "${trees[@]}" "${tests[@]%%:*}"; do
   [ -x ".carry/$t/fp4moe" ] || { echo "device_ab.sh: no .carry/$t/fp4moe (scripts/carry_build.sh builds it)" >&2; exit 2; }
 done
-out=${OUT:-build-device/ab}
+out=build-device/ab
+[ -n "${OUT:-}" ] && out=$OUT/r  # the tool returns a few of $OUT's files: all.tgz first, then these
 mkdir -p "$out"
-pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/all.tgz" --exclude=all.tgz -C "$OUT" . 2>/dev/null; }
+pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/all.tgz" -C "$out" . 2>/dev/null; }
 child=0
 trap '[ $child -ne 0 ] && kill -TERM $child && wait $child; pack; exit 143' TERM
 summary=()
