@@ -158,7 +158,7 @@ void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicro
   p.trace = a.trace;
   void* args[] = {&p};
   FP4MOE_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_for(groups2, f16), ws.grid,
-                                                dm::kThreads, args, smem_bytes(f16_operands(c)), a.stream));
+                                                dm::kThreads, args, smem_bytes(f16), a.stream));
 }
 
 }  // namespace fp4moe::gpu

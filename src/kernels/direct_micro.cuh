@@ -642,9 +642,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   grid_sync(p.barrier);
   stamp(p, 5);
 
-  // Phase 2: FC2 + top-k sum per 16 or 32 output columns.
-  // (kG = 2 keeps 16: two route groups and two W2 row tiles in two stages spill.)
-  if (kG == 1 && p.fc2_wide) fc2_phase<kG, kF16, kG == 1 ? 2 : 1>(p, sm);
+  // Phase 2: FC2 + top-k sum per 16 or 32 output columns. Only kG = 1 kernels have the 32-column
+  // items (kWideW = 2): two route groups and two W2 row tiles in two stages spill.
+  constexpr int kWideW = kG == 1 ? 2 : 1;
+  if (kWideW == 2 && p.fc2_wide) fc2_phase<kG, kF16, kWideW>(p, sm);
   else fc2_phase<kG, kF16, 1>(p, sm);
   stamp(p, 6);
 }
