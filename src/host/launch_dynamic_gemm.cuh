@@ -18,7 +18,7 @@ namespace fp4moe::gpu {
 // the device must offer for the backend to run).
 template <int BM>
 size_t dynamic_gemm_smem(bool f16) {
-  return f16 ? sizeof(kernels::dynamic::Smem<BM, true>) : sizeof(kernels::dynamic::Smem<BM, false>);
+  return f16 ? kernels::dynamic::smem_bytes<BM, true> : kernels::dynamic::smem_bytes<BM, false>;
 }
 template <int BM>
 size_t dynamic_gemm_smem() {

@@ -6,7 +6,7 @@
 //   CTA = 3 warpgroups (384 threads), persistent over the work list (m-tile × n-tile):
 //     warpgroup 0      producer: per pipeline stage, cp.async of the activation tile (BM routed
 //                      rows × 64 k of A1/A2, bf16, rows past the expert zero-filled) in the wgmma
-//                      K-major no-swizzle layout (common/wgmma_layout.h): the wgmma B operand; and of
+//                      K-major 128B-swizzled layout (common/wgmma_layout.h): the wgmma B operand; and of
 //                      the n-tile's weights for the same 64 k: its 8 row tiles of mma-fragment-order
 //                      codes (device_weights.h, the layout direct_micro reads; 8 × 512 B) and their
 //                      scale bytes (8 × 16 rows × 64 / block), row tiles past w_rows zero-filled.
@@ -109,11 +109,15 @@ inline constexpr int kRowTiles = BN / 16;   // weight row tiles (16 rows × 64 k
 inline constexpr int kMaxScaleBytes = 16 * 4;  // scale bytes per row tile and k-tile: 16 rows × 64 / 16
 
 struct NoTables {};
+// The activation tiles are 128B-swizzled (copy_a), so each starts 1024-byte aligned: the kernels
+// align their dynamic shared memory up to kSmemAlign (smem_of), and the launch asks for that much
+// more than sizeof(Smem) (smem_bytes).
+inline constexpr uint32_t kSmemAlign = wgmma::kSw128Atom;
 template <int BM, bool kF16 = false>
-struct Smem {
+struct alignas(1024) Smem {
   static constexpr int kStages = kStagesOf<BM, kF16>;
   static_assert(kStages >= 3, "the producer signals a stage after starting later ones (hand_over)");
-  __nv_bfloat16 a[kStages][BM * BK];  // activation tiles (BM, BK) per stage, K-major, no swizzle
+  __nv_bfloat16 a[kStages][BM * BK];  // activation tiles (BM, BK) per stage, K-major, 128B-swizzled
   uint4 w[kStages][kRowTiles][32];    // weight codes per stage: row tile j = 4c + warp, lane's 16 B
   alignas(16) uint8_t ws[kStages][kRowTiles][kMaxScaleBytes];  // their scales: [16 rows][64 / block]
   alignas(16) float c[BM * kLdc];     // epilogue staging: [routed row][tile column], alpha·acc + bias
@@ -123,32 +127,47 @@ struct Smem {
   uint64_t empty[kStages];            // consumers → producer: stage read by the tensor cores
   int aborted;                        // watchdog (mbarrier.cuh)
 };
-static_assert(sizeof(Smem<32>) <= 227 * 1024 && sizeof(Smem<64>) <= 227 * 1024 && sizeof(Smem<128>) <= 227 * 1024,
+// Dynamic shared memory a register-path kernel launches with: the Smem and the alignment slack.
+template <int BM, bool kF16>
+inline constexpr size_t smem_bytes = sizeof(Smem<BM, kF16>) + kSmemAlign;
+static_assert(smem_bytes<32, false> <= 227 * 1024 && smem_bytes<64, false> <= 227 * 1024 &&
+                  smem_bytes<128, false> <= 227 * 1024 && smem_bytes<128, true> <= 227 * 1024,
               "past the sm_90 opt-in shared memory per CTA");
 // sm_90: 228 KB of shared memory per SM, of which the hardware reserves 1 KB per CTA.
-static_assert(kCtasPerSm<32, true> * (sizeof(Smem<32, true>) + 1024) <= 228 * 1024,
+static_assert(kCtasPerSm<32, true> * (smem_bytes<32, true> + 1024) <= 228 * 1024,
               "the f16 variant's two CTAs per SM no longer fit the shared memory");
+// The kernel's Smem in its dynamic shared memory, aligned up to kSmemAlign.
+template <int BM, bool kF16>
+__device__ __forceinline__ Smem<BM, kF16>& smem_of(unsigned char* raw) {
+  const uint32_t pad = (kSmemAlign - (ptx::smem_addr(raw) & (kSmemAlign - 1))) & (kSmemAlign - 1);
+  return *reinterpret_cast<Smem<BM, kF16>*>(raw + pad);
+}
 
 // cp.async of the stage's activation tile: rows row0 + m (m < valid; the rest zero-filled),
-// k = kt·64 ..., BM · 8 / 128 copies of 16 bytes per producer thread t. BM = 32: the copies of a
-// 64-row sweep whose row is 32 or more (warps 2 and 3) are skipped; warps 0 and 1 move the tile.
+// k = kt·64 ..., in the 128B-swizzled K-major layout (wgmma_layout.h sw128_offset), BM / 16 copies
+// of 16 bytes per producer thread t: copy i moves chunk t % 8 of row 16·i + t / 8
+// (wgmma::a_copy_chunk), so each quarter-warp reads one row's 128 contiguous global bytes and writes
+// them to the 8 bank groups of one 128-byte shared row. Why: with the no-swizzle layout a row's 8
+// chunks lie a core-matrix column apart in shared memory (BM·16 bytes, the same banks), and a
+// quarter-warp copied 8 rows' chunk kc instead: Nsight Compute counted 28.6 shared wavefronts per
+// copy instruction against an ideal 4.2, and twice the ideal global sectors, at mixtral-8x7b T = 512
+// (BM = 128): ~900 cycles a stage of the shared-memory pipe against 512 of MMAs (NOTES session 15).
 template <int BM>
 __device__ __forceinline__ void copy_a(const MoeGemmParams& p, __nv_bfloat16* tile, int row0, int valid, int kt, int t) {
-  constexpr int kSweeps = BM >= 64 ? BM / 64 : 1;
-  constexpr int kCopies = BM >= 64 ? BM * (BK / 8) / kWarpgroup : 64 * (BK / 8) / kWarpgroup;
+  constexpr int kCopies = BM / 16;
   unsigned char* base = reinterpret_cast<unsigned char*>(tile);
+  const wgmma::ChunkCoord c0 = wgmma::a_copy_chunk(t, 0);
+  // Row m + 16 lies two 1024-byte atoms past row m, with the same swizzle (it depends on m % 8).
+  const uint32_t dst0 = wgmma::sw128_offset(c0.m, 8 * c0.kc);
+  const __nv_bfloat16* src0 = p.a + static_cast<int64_t>(row0) * p.k_pad + kt * BK + c0.kc * 8;
+  // One running source pointer, 16 rows a copy (rows past `valid` copy 0 bytes from row 0): the
+  // producer's 40 registers do not hold a precomputed offset per copy (ptxas spilled at BM = 128).
+  const int64_t step = static_cast<int64_t>(16) * p.k_pad;
+  const __nv_bfloat16* src = src0 + static_cast<int64_t>(c0.m) * p.k_pad;
 #pragma unroll
-  for (int i = 0; i < kCopies; ++i) {
-    // Copy i is copy i / kSweeps of the first 64-row sweep, 64·(i % kSweeps) rows down
-    // (wgmma_layout.h a_copy_chunk), and row m + 64s lies kmajor_offset(64s, 0) past row m, so the
-    // thread's destinations are few offsets plus constants (fewer live registers in the producer's 40).
-    const wgmma::ChunkCoord cc = wgmma::a_copy_chunk(64, t, i / kSweeps);
-    const int m = cc.m + 64 * (i % kSweeps);
-    if (BM < 64 && m >= BM) continue;  // BM = 32: rows 32..63 of the sweep do not exist
-    const bool ok = m < valid;
-    const __nv_bfloat16* src = p.a + static_cast<int64_t>(row0 + (ok ? m : 0)) * p.k_pad + kt * BK + cc.kc * 8;
-    const uint32_t dst = wgmma::kmajor_offset(BM, cc.m, 8 * cc.kc) + wgmma::kmajor_offset(BM, 64 * (i % kSweeps), 0);
-    ptx::cp_async_16(base + dst, src, ok ? 16 : 0);
+  for (int i = 0; i < kCopies; ++i, src += step) {
+    const bool ok = c0.m + 16 * i < valid;
+    ptx::cp_async_16(base + dst0 + i * 2 * wgmma::kSw128Atom, ok ? src : src0, ok ? 16 : 0);
   }
 }
 
@@ -352,7 +371,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
   // stage's ~150 instructions, NOTES session 12).
   const uint32_t w_addr0 = ptx::smem_addr(&sm.w[0][j][lane]), ws_addr0 = ptx::smem_addr(&sm.ws[0][j][0]);
   constexpr uint32_t kWStride = sizeof(sm.w[0]), kWsStride = sizeof(sm.ws[0]);
-  const uint64_t desc_base = wgmma::operand_desc(a_base, BM, 0, 0);
+  const uint64_t desc_base = wgmma::operand_desc_sw128(a_base, 0, 0);
   const uint64_t kDescStride = wgmma::tile_bytes(BM) >> 4;
   float acc[BM / 2];
 #pragma unroll
@@ -388,13 +407,12 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
       // 13 as "belt and braces": MEMBAR.ALL.CTA, FENCE.VIEW.ASYNC and 4 LDS a stage.)
       ptx::fence_operand(acc);
       ptx::wgmma_fence();
-      // The stage's k16 steps lie constant offsets past its first: added to the descriptor's address
-      // field (16-byte units; shared addresses stay below 2^18, so nothing carries out of it) instead
-      // of building each descriptor (~5 uniform instructions per wgmma).
+      // The stage's k16 steps lie 32 bytes apart in the swizzled rows (operand_desc_sw128): added to
+      // the descriptor's address field (16-byte units; shared addresses stay below 2^18, so nothing
+      // carries out of it) instead of building each descriptor (~5 uniform instructions per wgmma).
       const uint64_t desc0 = desc_base + s * kDescStride;
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        ptx::mma_m64nNk16_rs<BM, kF16>(acc, a[ks], desc0 + (wgmma::kmajor_offset(BM, 0, 16 * ks) >> 4), (kt | ks) != 0);
+      for (int ks = 0; ks < 4; ++ks) ptx::mma_m64nNk16_rs<BM, kF16>(acc, a[ks], desc0 + 2 * ks, (kt | ks) != 0);
       ptx::wgmma_commit();
       ptx::fence_operand(acc);
       ptx::wgmma_wait<1>();  // stage kt - 1's group is done: its A set and tile are free
@@ -455,8 +473,8 @@ __device__ __forceinline__ bool take_role() {
 // kF16 = p.f16 (the host launches the matching instance): consume's f16 variant, no tables to fill.
 template <bool kFc1, int BM, bool kF16>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<BM, kF16>) gemm_kernel(MoeGemmParams p, int n_tiles, int* watchdog) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem<BM, kF16>& sm = *reinterpret_cast<Smem<BM, kF16>*>(smem_raw);
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  Smem<BM, kF16>& sm = smem_of<BM, kF16>(smem_raw);
   start_cta(sm, p.nvfp4);
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int work = *p.num_tiles * n_tiles;

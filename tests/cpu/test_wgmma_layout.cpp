@@ -121,52 +121,35 @@ TEST(WgmmaLayout, AccumulatorFragmentCoversTheTileOnce) {
   }
 }
 
-// The producer's cp.async chunks of an A tile: every 16-byte chunk exactly once; per warp
-// instruction, each quarter-warp writes 128 contiguous shared bytes (one conflict-free phase) and
-// lanes l and l + 16 read the two halves of one 32-byte global sector. In the 128B-swizzled layout
-// (the bf16 path's 256-row tiles) a quarter-warp's 8 chunks land in 8 different 16-byte bank groups.
+// The register path's cp.async chunks of an A tile (128B-swizzled): every 16-byte chunk exactly
+// once; per warp instruction, each quarter-warp reads one row's 128 contiguous global bytes and
+// writes 8 different 16-byte bank groups (one conflict-free shared-memory phase); copy i lies
+// i · 2048 bytes past copy 0 (copy_a keeps one destination live).
 TEST(WgmmaLayout, ProducerACopiesCoverTheTileOnceWithoutBankConflicts) {
-  for (int rows : {64, 128, 256}) {
-    const int per_thread = rows * 8 / 128;
+  for (int rows : {32, 64, 128}) {
+    const int per_thread = rows / 16;
     std::vector<int> hits(rows * 8, 0);
     for (int t = 0; t < 128; ++t)
       for (int i = 0; i < per_thread; ++i) {
-        const wg::ChunkCoord cc = wg::a_copy_chunk(rows, t, i);
+        const wg::ChunkCoord cc = wg::a_copy_chunk(t, i);
         ASSERT_TRUE(cc.m >= 0 && cc.m < rows && cc.kc >= 0 && cc.kc < 8) << "t " << t << " i " << i;
         ++hits[cc.m * 8 + cc.kc];
-        // copy_a's decomposition: the chunk of the first 64-row sweep, moved down by whole sweeps,
-        // which in both layouts adds the offset of the sweep's first row.
-        const wg::ChunkCoord c0 = wg::a_copy_chunk(64, t, i / (rows / 64));
-        const int down = 64 * (i % (rows / 64));
-        EXPECT_EQ(cc.m, c0.m + down);
-        EXPECT_EQ(cc.kc, c0.kc);
-        EXPECT_EQ(wg::sw128_offset(cc.m, 8 * cc.kc), wg::sw128_offset(c0.m, 8 * c0.kc) + wg::sw128_offset(down, 0));
-        EXPECT_EQ(wg::kmajor_offset(rows, cc.m, 8 * cc.kc),
-                  wg::kmajor_offset(rows, c0.m, 8 * c0.kc) + wg::kmajor_offset(rows, down, 0));
+        const wg::ChunkCoord c0 = wg::a_copy_chunk(t, 0);
+        EXPECT_EQ(wg::sw128_offset(cc.m, 8 * cc.kc), wg::sw128_offset(c0.m, 8 * c0.kc) + 2 * wg::kSw128Atom * i);
       }
     EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; })) << "rows " << rows;
-    for (int warp = 0; warp < 4; ++warp)
-      for (int i = 0; i < per_thread; ++i) {
-        for (int quarter = 0; quarter < 4; ++quarter) {
-          std::vector<uint32_t> offs;
-          std::set<uint32_t> sw_groups;
-          for (int l = 8 * quarter; l < 8 * quarter + 8; ++l) {
-            const wg::ChunkCoord cc = wg::a_copy_chunk(rows, 32 * warp + l, i);
-            offs.push_back(wg::kmajor_offset(rows, cc.m, 8 * cc.kc));
-            sw_groups.insert(wg::sw128_offset(cc.m, 8 * cc.kc) / 16 % 8);
-          }
-          EXPECT_EQ(sw_groups.size(), 8u) << "sw128: rows " << rows << " warp " << warp << " copy " << i;
-          std::sort(offs.begin(), offs.end());
-          EXPECT_EQ(offs.front() % 128, 0u);
-          for (int j = 1; j < 8; ++j) EXPECT_EQ(offs[j], offs[0] + 16 * j) << "warp " << warp << " copy " << i;
+    for (int i = 0; i < per_thread; ++i)
+      for (int q = 0; q < 16; ++q) {  // quarter-warp q: lanes 8q .. 8q + 7 of the warpgroup
+        std::set<int> rows_of_q, chunks, bank_groups;
+        for (int t = 8 * q; t < 8 * q + 8; ++t) {
+          const wg::ChunkCoord cc = wg::a_copy_chunk(t, i);
+          rows_of_q.insert(cc.m);
+          chunks.insert(cc.kc);
+          bank_groups.insert(wg::sw128_offset(cc.m, 8 * cc.kc) / 16 % 8);
         }
-        for (int l = 0; l < 16; ++l) {
-          const wg::ChunkCoord a = wg::a_copy_chunk(rows, 32 * warp + l, i);
-          const wg::ChunkCoord b = wg::a_copy_chunk(rows, 32 * warp + l + 16, i);
-          EXPECT_EQ(a.m, b.m);
-          EXPECT_EQ(a.kc % 2, 0);
-          EXPECT_EQ(b.kc, a.kc + 1);
-        }
+        EXPECT_EQ(rows_of_q.size(), 1u) << "one global row per quarter-warp";
+        EXPECT_EQ(chunks.size(), 8u) << "its 128 bytes whole";
+        EXPECT_EQ(bank_groups.size(), 8u) << "rows " << rows << " copy " << i << " quarter " << q;
       }
   }
 }

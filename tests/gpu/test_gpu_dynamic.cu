@@ -167,12 +167,12 @@ TEST(GpuWgmmaProbe, Swizzle128DescriptorsGiveTheExactProduct) {
 
 // The same product with A (64 × 64, rows [0, 64) of `a`) from registers: warp w holds rows
 // 16w..16w+15 in the mma.m16n8k16 A layout (common/frag_dequant.cuh), the layout the dynamic kernel
-// dequantises its weights into.
+// dequantises its weights into; B (128 × 64) 128B-swizzled, as the kernel's activation tiles.
 __global__ void wgmma_rs_probe_kernel(const uint16_t* a, const uint16_t* b, float* d) {
-  __shared__ __align__(128) unsigned char sb[128 * 64 * 2];
+  __shared__ __align__(1024) unsigned char sb[128 * 64 * 2];
   const int t = threadIdx.x, warp = t >> 5, lane = t & 31, g = lane >> 2, c = lane & 3;
   for (int idx = t; idx < 128 * 64; idx += blockDim.x)
-    *reinterpret_cast<uint16_t*>(sb + wg::kmajor_offset(128, idx / 64, idx % 64)) = b[idx];
+    *reinterpret_cast<uint16_t*>(sb + wg::sw128_offset(idx / 64, idx % 64)) = b[idx];
   kernels::ptx::fence_proxy_async_smem();
   __syncthreads();
   auto pair = [&](int row, int k) {  // bf16 (row, k) and (row, k + 1) as one register
@@ -190,7 +190,7 @@ __global__ void wgmma_rs_probe_kernel(const uint16_t* a, const uint16_t* b, floa
   kernels::ptx::wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks)
-    kernels::ptx::mma_m64nNk16_rs<128>(acc, frag[ks], wg::operand_desc(b_addr, 128, 0, ks), 1);
+    kernels::ptx::mma_m64nNk16_rs<128>(acc, frag[ks], wg::operand_desc_sw128(b_addr, 0, ks), 1);
   kernels::ptx::wgmma_commit();
   kernels::ptx::wgmma_wait<0>();
   kernels::ptx::fence_operand(acc);

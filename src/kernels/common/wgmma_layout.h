@@ -1,5 +1,7 @@
-// Shared-memory operand layout and matrix descriptors of Hopper's warpgroup MMA (wgmma), as the
-// dynamic backend uses them: bf16 operands, both K-major, no swizzle. Plain integer functions,
+// Shared-memory operand layouts and matrix descriptors of Hopper's warpgroup MMA (wgmma): 16-bit
+// operands, K-major, without swizzle (below; the GPU probes of tests/gpu/test_gpu_dynamic.cu check the
+// descriptor fields on it) and with the 128-byte swizzle (further down; every kernel's tiles since
+// session 15: the register path's activation tiles, the bf16 path's both operands). Plain integer functions,
 // callable on host and device, so the CPU tests (tests/cpu/test_wgmma_layout.cpp) check that what
 // the producer writes and what the descriptor tells the tensor cores to read agree.
 //
@@ -78,20 +80,15 @@ FP4MOE_HD uint64_t operand_desc_sw128(uint32_t tile_addr, int r0, int ks) {
 FP4MOE_HD int acc_row(int t, int i) { return 16 * (t >> 5) + ((t & 31) >> 2) + 8 * ((i >> 1) & 1); }
 FP4MOE_HD int acc_col(int t, int i) { return 8 * (i >> 2) + 2 * (t & 3) + (i & 1); }
 
-// The producer's A copies (cp.async, 16 bytes each): a tile of `rows` rows × 64 k is rows·8 chunks;
-// copy i (0 ≤ i < rows·8 / 128) of producer thread t (0..127) moves row m, chunk kc (k = 8·kc..).
-// Per warp instruction: 16 rows × 2 adjacent chunks — 32-byte global sectors read whole, and each
-// quarter-warp (8 lanes, one shared-memory phase) writes 128 contiguous bytes. The 64-row sweeps are
-// the fastest index: copy i of a tile is copy i / (rows / 64) of a 64-row tile, 64·(i % (rows / 64))
-// rows down (dynamic.cuh copy_a relies on it to keep few destinations live).
+// The register path's A copies (dynamic.cuh copy_a; cp.async, 16 bytes each) into a 128B-swizzled
+// tile of `rows` rows × 64 k (rows·8 chunks): copy i (0 ≤ i < rows / 16) of producer thread t
+// (0..127) moves row m = 16·i + t / 8, chunk kc = t % 8 (k = 8·kc..). Each quarter-warp (8 lanes, one
+// shared-memory phase) reads one row's 128 contiguous global bytes and writes them to the 8 different
+// 16-byte bank groups of one 128-byte shared row (sw128_offset XORs the chunk with m % 8); row m + 16
+// lies two atoms (2048 bytes) past row m with the same swizzle.
 struct ChunkCoord {
   int m, kc;
 };
-FP4MOE_HD ChunkCoord a_copy_chunk(int rows, int t, int i) {
-  const int warp = t >> 5, lane = t & 31;
-  const int row_groups = rows / 64;  // 64 rows per (4 warps × 16 rows) sweep
-  const int sweep = i % row_groups, pair = i / row_groups;
-  return {64 * sweep + 16 * warp + (lane & 15), 2 * pair + (lane >> 4)};
-}
+FP4MOE_HD ChunkCoord a_copy_chunk(int t, int i) { return {16 * i + (t >> 3), t & 7}; }
 
 }  // namespace fp4moe::kernels::wgmma
