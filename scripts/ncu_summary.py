@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Short summaries of Nsight Compute CSV exports (used by scripts/device_run.sh on the GPU machine).
 
-  ncu_summary.py RAW.csv SASS.csv   stall reasons of the profiled kernel (pc sampling, from the raw page)
-                                    and the SASS instructions with the most stall samples (source page)
+  ncu_summary.py RAW.csv SASS.csv   stall reasons of the profiled kernel (pc sampling, from the raw page),
+                                    the SASS instructions with the most stall samples and each one's
+                                    reasons, and the memory instructions with the most excessive shared
+                                    wavefronts or global sectors against Nsight Compute's ideal (source
+                                    page; session 15 found the register path's copy conflicts there)
   ncu_summary.py --times TIMES.csv  per kernel name: launches, total and mean gpu__time_duration
 """
 import csv
@@ -42,23 +45,62 @@ def stall_reasons(path):
             print(f"  {r:28s} {100 * v / total:5.1f} %")
 
 
-def hot_instructions(path, top=45):
+def source_table(path):
+    """(header, body) of the source page's per-SASS-line table, or None."""
     rows = csv_rows(path)
     head = next((i for i, r in enumerate(rows) if "Source" in r), None)
     if head is None:
         print(f"{path}: no source table")
-        return
+        return None
     header = rows[head]
+    return header, [r for r in rows[head + 1:] if len(r) == len(header)]
+
+
+def hot_instructions(path, top=45, explain=6):
+    table = source_table(path)
+    if table is None:
+        return
+    header, body = table
     col = next((i for i, h in enumerate(header) if h.startswith("Warp Stall Sampling (All")), None)
     if col is None:
         print(f"{path}: no stall-sampling column in {header[:8]}")
         return
     src, addr = header.index("Source"), header.index("Address") if "Address" in header else 0
-    body = [r for r in rows[head + 1:] if len(r) == len(header) and number(r[col]) is not None]
+    execd = header.index("Instructions Executed") if "Instructions Executed" in header else None
+    body = [r for r in body if number(r[col]) is not None]
     total = sum(number(r[col]) for r in body) or 1
     print(f"\nSASS lines with the most stall samples ({int(total)} samples, {len(body)} instructions):")
-    for r in sorted(body, key=lambda r: -number(r[col]))[:top]:
-        print(f"  {100 * number(r[col]) / total:5.1f} %  {r[addr]:>6}  {r[src][:110]}")
+    hot = sorted(body, key=lambda r: -number(r[col]))[:top]
+    for r in hot:
+        ex = f"{number(r[execd]) or 0:>11.0f}x" if execd is not None else ""
+        print(f"  {100 * number(r[col]) / total:5.1f} %  {r[addr]:>6} {ex}  {r[src][:100]}")
+    reasons = [(i, h[len("stall_"):]) for i, h in enumerate(header) if h.startswith("stall_") and "Not Issued" not in h]
+    print(f"\nstall reasons of the {explain} hottest lines (samples):")
+    for r in hot[:explain]:
+        parts = sorted(((number(r[i]) or 0, name) for i, name in reasons), reverse=True)
+        print(f"  {r[addr]:>6} {r[src][:48]:48s} " + ", ".join(f"{n} {int(v)}" for v, n in parts[:4] if v))
+
+
+def memory_excess(path, top=12):
+    """Memory instructions by excessive shared wavefronts and global sectors (actual against ideal)."""
+    table = source_table(path)
+    if table is None:
+        return
+    header, body = table
+    src, addr = header.index("Source"), header.index("Address") if "Address" in header else 0
+    for kind, actual, ideal in (("shared wavefronts", "L1 Wavefronts Shared", "L1 Wavefronts Shared Ideal"),
+                                ("global sectors", "L2 Theoretical Sectors Global", "L2 Theoretical Sectors Global Ideal")):
+        if actual not in header or ideal not in header:
+            continue
+        a, i = header.index(actual), header.index(ideal)
+        lines = [(number(r[a]) or 0, number(r[i]) or 0, r) for r in body]
+        excess = sum(x - y for x, y, _ in lines if x > y)
+        total = sum(x for x, _, _ in lines) or 1
+        print(f"\n{kind}: {int(total)} in all, {100 * excess / total:.0f} % above the ideal; lines with the most excess:")
+        for x, y, r in sorted(lines, key=lambda t: -(t[0] - t[1]))[:top]:
+            if x <= y:
+                break
+            print(f"  {int(x - y):>11d} over ({x / y if y else float('inf'):5.1f}x ideal)  {r[addr]:>6}  {r[src][:90]}")
 
 
 def kernel_times(path):
@@ -88,5 +130,6 @@ if __name__ == "__main__":
     elif len(sys.argv) == 3:
         stall_reasons(sys.argv[1])
         hot_instructions(sys.argv[2])
+        memory_excess(sys.argv[2])
     else:
         sys.exit(__doc__)
