@@ -110,7 +110,7 @@ inline constexpr int kMaxScaleBytes = 16 * 4;  // scale bytes per row tile and k
 
 struct NoTables {};
 // The activation tiles are 128B-swizzled (copy_a), so each starts 1024-byte aligned: the kernels
-// align their dynamic shared memory up to kSmemAlign (smem_of), and the launch asks for that much
+// align their dynamic shared memory up to kSmemAlign (aligned_smem), and the launch asks for that much
 // more than sizeof(Smem) (smem_bytes).
 inline constexpr uint32_t kSmemAlign = wgmma::kSw128Atom;
 template <int BM, bool kF16 = false>
@@ -136,11 +136,12 @@ static_assert(smem_bytes<32, false> <= 227 * 1024 && smem_bytes<64, false> <= 22
 // sm_90: 228 KB of shared memory per SM, of which the hardware reserves 1 KB per CTA.
 static_assert(kCtasPerSm<32, true> * (smem_bytes<32, true> + 1024) <= 228 * 1024,
               "the f16 variant's two CTAs per SM no longer fit the shared memory");
-// The kernel's Smem in its dynamic shared memory, aligned up to kSmemAlign.
-template <int BM, bool kF16>
-__device__ __forceinline__ Smem<BM, kF16>& smem_of(unsigned char* raw) {
+// A kernel's shared-memory struct in its dynamic shared memory, aligned up to kSmemAlign (the
+// register path's Smem here, the bf16 path's in dynamic_bf16.cuh; each launch asks for kSmemAlign more).
+template <class SmemT>
+__device__ __forceinline__ SmemT& aligned_smem(unsigned char* raw) {
   const uint32_t pad = (kSmemAlign - (ptx::smem_addr(raw) & (kSmemAlign - 1))) & (kSmemAlign - 1);
-  return *reinterpret_cast<Smem<BM, kF16>*>(raw + pad);
+  return *reinterpret_cast<SmemT*>(raw + pad);
 }
 
 // cp.async of the stage's activation tile: rows row0 + m (m < valid; the rest zero-filled),
@@ -474,7 +475,7 @@ __device__ __forceinline__ bool take_role() {
 template <bool kFc1, int BM, bool kF16>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<BM, kF16>) gemm_kernel(MoeGemmParams p, int n_tiles, int* watchdog) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  Smem<BM, kF16>& sm = smem_of<BM, kF16>(smem_raw);
+  Smem<BM, kF16>& sm = aligned_smem<Smem<BM, kF16>>(smem_raw);
   start_cta(sm, p.nvfp4);
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int work = *p.num_tiles * n_tiles;

@@ -191,8 +191,8 @@ __device__ __forceinline__ int h_offset(int n, int j) {  // element offset of (r
 }
 
 // Tiles in the 128B-swizzled layout, so each starts 1024-byte aligned: the kernel aligns its dynamic
-// shared memory up to 1024 bytes (kSmemAlign of slack in the launch's size).
-inline constexpr uint32_t kSmemAlign = wgmma::kSw128Atom;
+// shared memory up to 1024 bytes (dynamic::aligned_smem; dynamic::kSmemAlign of slack in the launch's size).
+using dynamic::kSmemAlign;
 struct alignas(1024) Smem {
   __nv_bfloat16 a[kStages][BM * BK];   // activation tiles (256 rows, 64 k), sw128: 32 KB (tensor copies)
   __nv_bfloat16 w[kStages][BN * BK];   // weight tiles (128 rows, 64 k), sw128: 16 KB (bulk copies)
@@ -415,8 +415,7 @@ template <bool kFc1>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_kernel(MoeGemmParams p, const __grid_constant__ CUtensorMap a_map, int n_tiles, int* watchdog) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t pad = (kSmemAlign - (ptx::smem_addr(smem_raw) & (kSmemAlign - 1))) & (kSmemAlign - 1);
-  Smem& sm = *reinterpret_cast<Smem*>(smem_raw + pad);
+  Smem& sm = dynamic::aligned_smem<Smem>(smem_raw);
   if (threadIdx.x == 0) {
     ptx::mbar_init(&sm.h_full, kConsumers * kWarpgroup);
     ptx::mbar_init(&sm.h_empty, kHelpers);

@@ -75,7 +75,7 @@ __device__ __forceinline__ T* opaque(T* q) {
 template <int BM, bool kF16>
 __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_kernel(Params p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  dk::Smem<BM, kF16>& sm = dk::smem_of<BM, kF16>(smem_raw);
+  dk::Smem<BM, kF16>& sm = dk::aligned_smem<dk::Smem<BM, kF16>>(smem_raw);
   dk::start_cta(sm, p.fc1.nvfp4);
   const ptx::Watchdog wd{&sm.aborted, p.watchdog};
 
