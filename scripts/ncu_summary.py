@@ -56,14 +56,11 @@ def source_table(path):
     return header, [r for r in rows[head + 1:] if len(r) == len(header)]
 
 
-def hot_instructions(path, top=45, explain=6):
-    table = source_table(path)
-    if table is None:
-        return
+def hot_instructions(table, top=45, explain=6):
     header, body = table
     col = next((i for i, h in enumerate(header) if h.startswith("Warp Stall Sampling (All")), None)
     if col is None:
-        print(f"{path}: no stall-sampling column in {header[:8]}")
+        print(f"no stall-sampling column in {header[:8]}")
         return
     src, addr = header.index("Source"), header.index("Address") if "Address" in header else 0
     execd = header.index("Instructions Executed") if "Instructions Executed" in header else None
@@ -81,11 +78,8 @@ def hot_instructions(path, top=45, explain=6):
         print(f"  {r[addr]:>6} {r[src][:48]:48s} " + ", ".join(f"{n} {int(v)}" for v, n in parts[:4] if v))
 
 
-def memory_excess(path, top=12):
+def memory_excess(table, top=12):
     """Memory instructions by excessive shared wavefronts and global sectors (actual against ideal)."""
-    table = source_table(path)
-    if table is None:
-        return
     header, body = table
     src, addr = header.index("Source"), header.index("Address") if "Address" in header else 0
     for kind, actual, ideal in (("shared wavefronts", "L1 Wavefronts Shared", "L1 Wavefronts Shared Ideal"),
@@ -129,7 +123,9 @@ if __name__ == "__main__":
         kernel_times(sys.argv[2])
     elif len(sys.argv) == 3:
         stall_reasons(sys.argv[1])
-        hot_instructions(sys.argv[2])
-        memory_excess(sys.argv[2])
+        table = source_table(sys.argv[2])  # the per-SASS-line table, read once for both summaries
+        if table is not None:
+            hot_instructions(table)
+            memory_excess(table)
     else:
         sys.exit(__doc__)
