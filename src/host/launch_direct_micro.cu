@@ -41,16 +41,20 @@ DirectMicroFc2Plan direct_micro_fc2_plan(bool f16, int64_t routes, int64_t local
   // A function of the routes (T·K), never of T alone, so that a call and the expert-parallel path's
   // K = 1 call over the same routes (T·K tokens) take the same items and k-chunks (fc2_chunks counts
   // them per part) and give the same bits (EpWorldOfOne.EqualsMoeRunnerBitForBit).
-  // - Fewer than kFc2SplitRoutes routes (every named shape at T = 1): 16-column items, no split. Their
-  //   FC2 units are so small that a CTA's GEMM takes as long split or not (qwen3-30b-a3b T = 1:
-  //   per-CTA max 8.0 µs split, 7.5 unsplit), and the hand-over only adds: the phase ends at 32.4 µs
-  //   split, 30.1 unsplit (bench/results/h200-direct-micro-phases-20261202-preload.txt).
+  // - Fewer than kFc2SplitRoutes routes: 16-column items, no split. At 8 routes (qwen3-30b-a3b T = 1)
+  //   32-column items split over parts measured faster (a4 26.5 -> 25.3 us, a16 36.2 -> 34.2; gpt-oss-120b
+  //   T = 2, 8 routes, a4 -4.5 %), at 2 and 4 routes slower (mixtral-8x7b T = 1 a4 +1.9 %, T = 2 a16
+  //   +4.0 %; gpt-oss-120b T = 1 a4 +2.5 %): session 15's t1 tree against ho, bench/results/
+  //   h200-decode-20261204-s15-wip-ab.md. Alone against main (session 16): qwen3-30b-a3b and
+  //   deepseek-v3 T = 1 a4 -2.6 %, gpt-oss-120b T = 2 -1.0 %, h200-decode-20261204-s16-s8-ab.md.
+  //   (Session 2's 16-column split lost at T = 1: bench/results/
+  //   h200-direct-micro-phases-20261202-preload.txt.)
   // - From there, items of 32 columns where their sums fit the shared memory (half the B loads and
   //   A2 re-reads of 16-column items): against 16-column items, median 0.978 over qwen3-30b-a3b,
   //   gpt-oss-120b and mixtral-8x7b at T = 2, 32, 64, a4 and a16 (qwen3 a4 T = 2 -6.5 %, T = 32 -4 %;
   //   bench/results/NOTES.md, session 14). The kG = 2 kernels (wide route groups) keep 16 columns, as
   //   do calls past kFc2WideRoutes.
-  constexpr int64_t kFc2SplitRoutes = 16;
+  constexpr int64_t kFc2SplitRoutes = 8;
   if (routes < kFc2SplitRoutes) return {false, 1};
   const bool wide = !wide_groups(routes, local_experts) &&
                     routes <= (f16 ? dm::kFc2WideRoutes<true> : dm::kFc2WideRoutes<false>);

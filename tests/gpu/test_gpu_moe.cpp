@@ -318,8 +318,9 @@ TEST(DirectMicroFc2Plan, FollowsTheRoutes) {
     int parts;
   };
   constexpr int p16 = 2, p32 = 4;  // e.g. qwen3-30b-a3b's workspace: H = 2048 over 264 CTAs
-  for (const Want& w : {Want{true, 8, 128, false, 1},      // qwen3-30b-a3b T = 1 (K = 8)
-                        Want{false, 15, 128, false, 1},    // under 16 routes: unsplit
+  for (const Want& w : {Want{true, 7, 128, false, 1},      // under 8 routes: unsplit
+                        Want{true, 8, 128, true, p32},     // qwen3-30b-a3b T = 1 (K = 8)
+                        Want{false, 15, 128, true, p32},
                         Want{true, 16, 128, true, p32},    // qwen3 T = 2
                         Want{true, 512, 128, true, p32},   // qwen3 T = 64: the f16 variant's last wide call
                         Want{true, 513, 128, false, p16},  // past it: 16 columns
