@@ -1,13 +1,12 @@
 // Launches of dynamic's bf16 path (src/kernels/dynamic_bf16.cuh): per group of local experts,
 // dequantise one GEMM's weights into the workspace's bf16 copy, then run the GEMM over it.
-#include <cuda.h>
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled: the driver's encoder, reached through the runtime
 #include <cuda_runtime.h>
 
 #include <algorithm>
 
 #include "fp4moe/errors.h"
 #include "host/launch.h"
+#include "host/tensor_map.h"
 #include "kernels/dynamic_bf16.cuh"
 
 namespace fp4moe::gpu {
@@ -31,40 +30,6 @@ int64_t copy_bytes(const kernels::MoeGemmParams& p, bool fc1) {
   return db::tiles_per_slot(dynamic_n_tiles(p, fc1), p.k_pad) * db::kWTileBytes;
 }
 
-// The driver's tensor-map encoder, through the runtime's entry-point query (no libcuda link). The
-// first call looks it up; a failed lookup throws and the next call tries again.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    FP4MOE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found));
-    FP4MOE_REQUIRE(found == cudaDriverEntryPointSuccess && f != nullptr, Unsupported, "backend",
-                   "dynamic's bf16 path needs the driver's cuTensorMapEncodeTiled (CUDA 12.0+), which this driver "
-                   "does not provide (query result ", static_cast<int>(found), ")");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// p.a as the GEMM's producer reads it: a_rows × k_pad bf16, boxes of BK k × BM rows written to
-// shared memory with the 128B swizzle of the wgmma operand (one 128-byte row of 64 k per routed
-// row, exactly the swizzle atom); rows past a_rows arrive as zeros. A pure host computation, so
-// it may run while a stream is being captured.
-CUtensorMap activation_map(const kernels::MoeGemmParams& p) {
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.k_pad), static_cast<cuuint64_t>(p.a_rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.k_pad) * sizeof(__nv_bfloat16)};
-  const cuuint32_t box[2] = {db::BK, db::BM};
-  const cuuint32_t unit[2] = {1, 1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(p.a), dims,
-                                          strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  FP4MOE_REQUIRE(r == CUDA_SUCCESS, InvalidArgument, "activations",
-                 "cuTensorMapEncodeTiled refused the bf16 path's activation map (CUresult ", static_cast<int>(r),
-                 "): address ", static_cast<const void*>(p.a), ", ", p.a_rows, " rows × ", p.k_pad, " columns");
-  return map;
-}
-
 template <bool kFc1>
 void launch_one(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, int64_t max_tiles, int* watchdog,
                 cudaStream_t s) {
@@ -77,7 +42,7 @@ void launch_one(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, int
   db::dequant_kernel<kFc1><<<dq_grid, db::kDequantThreads, 0, s>>>(p, n_tiles);
   FP4MOE_CHECK_LAUNCH(kFc1 ? "dynamic_bf16::dequant_kernel<fc1>" : "dynamic_bf16::dequant_kernel<fc2>");
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(ws.sms, work));
-  db::gemm_kernel<kFc1><<<grid, db::kThreads, kSmemBytes, s>>>(p, activation_map(p), n_tiles, watchdog);
+  db::gemm_kernel<kFc1><<<grid, db::kThreads, kSmemBytes, s>>>(p, activation_map(p, db::BM), n_tiles, watchdog);
   FP4MOE_CHECK_LAUNCH(kFc1 ? "dynamic_bf16::gemm_kernel<fc1>" : "dynamic_bf16::gemm_kernel<fc2>");
 }
 
@@ -87,7 +52,7 @@ size_t dynamic_bf16_smem_bytes() { return kSmemBytes; }
 int dynamic_bf16_tile_m() { return db::BM; }
 
 void dynamic_bf16_opt_in() {
-  (void)tensor_map_encoder();  // looked up here, outside any stream capture
+  require_tensor_map_encoder();  // looked up here, outside any stream capture
   FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(db::gemm_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kSmemBytes)));
   FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(db::gemm_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -10,9 +10,18 @@
 
 #include "fp4moe/errors.h"
 #include "host/launch.h"
+#include "host/tensor_map.h"
 #include "kernels/dynamic.cuh"
 
 namespace fp4moe::gpu {
+
+// The tensor maps of one register-path GEMM (kernels/dynamic.cuh TensorMaps) of m-tile bm: the
+// activation boxes of bm rows, the weight boxes of a whole n-tile's row tiles, or of half of them for
+// a gated FC1 (its gate and up rows lie apart). Host-only: may run during a stream capture.
+inline kernels::dynamic::TensorMaps register_path_maps(const kernels::MoeGemmParams& p, int bm, bool fc1) {
+  const int box = fc1 && p.gated ? kernels::dynamic::kRowTiles / 2 : kernels::dynamic::kRowTiles;
+  return {activation_map(p, bm), weight_map(p, WeightPart::kCodes, box), weight_map(p, WeightPart::kScales, box)};
+}
 
 // Shared memory of one variant (f16: NVFP4-a4, no lookup tables), and the larger of the two (what
 // the device must offer for the backend to run).
@@ -87,8 +96,9 @@ void launch_dynamic_gemm_bm(const DynamicWorkspace& ws, const kernels::MoeGemmPa
                  "dynamic's f16 register path reads NVFP4 weights (block 16), got ", p.nvfp4 ? "NVFP4" : "MX",
                  " with block ", p.block);
   kernels::MoeGemmParams args = p;
+  kernels::dynamic::TensorMaps maps = register_path_maps(p, BM, fc1);
   int n = n_tiles;
-  void* argv[] = {&args, &n, &watchdog};
+  void* argv[] = {&args, &maps, &n, &watchdog};
   FP4MOE_CUDA_CHECK(cudaLaunchKernel(dynamic_gemm_kernel<BM>(fc1, p.f16), dim3(grid), dim3(kernels::dynamic::kThreads),
                                      argv, smem, s));
 }

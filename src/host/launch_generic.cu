@@ -131,6 +131,7 @@ kernels::MoeGemmParams moe_gemm_params(const MoeConfig& c, const DeviceWeights& 
   g.row_route = ws.row_route.get<int>();
   g.topk_weights = a.topk_weights;
   g.a_rows = static_cast<int>(a.tokens * c.top_k);
+  g.w_experts = c.local_count();
   if (fc1) {  // A1 · W13ᵀ, epilogue → A2
     g.a = ws.a1.get<__nv_bfloat16>();
     g.w_frag = w.w13_frag.get<uint4>();

@@ -6,6 +6,8 @@
 
 #include "fp4moe/errors.h"
 #include "host/launch.h"
+#include "host/launch_dynamic_gemm.cuh"  // register_path_maps
+#include "host/tensor_map.h"
 #include "kernels/static_moe.cuh"
 
 namespace fp4moe::gpu {
@@ -59,12 +61,15 @@ void launch_static(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace&
   p.fc1 = moe_gemm_params(c, w, gws, a, true);
   p.fc2 = moe_gemm_params(c, w, gws, a, false);
   p.fc1.f16 = p.fc2.f16 = f16;
+  const int tile_m = p.route.tile_m;
+  p.maps1 = register_path_maps(p.fc1, tile_m, true);
+  p.maps2 = register_path_maps(p.fc2, tile_m, false);
   p.n1_tiles = dynamic_n_tiles(p.fc1, true);
   p.n2_tiles = dynamic_n_tiles(p.fc2, false);
   p.combine = combine_params(c, gws, a);
   p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
   p.watchdog = nullptr;  // pipeline waits without a time limit, as dynamic's production launches
-  if (p.route.tile_m == 32) launch_static_bm<32>(p, ws.sms, a.stream);
+  if (tile_m == 32) launch_static_bm<32>(p, ws.sms, a.stream);
   else launch_static_bm<64>(p, ws.sms, a.stream);
 }
 

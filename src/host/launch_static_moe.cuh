@@ -26,6 +26,7 @@ const void* static_kernel_for(bool f16) {
 // here (empty: they can).
 template <int BM>
 std::string static_opt_in() {
+  require_tensor_map_encoder();  // looked up here, outside any stream capture
   for (const bool f16 : {true, false}) {
     const void* k = static_kernel_for<BM>(f16);
     const std::string name = "static_kernel (BM " + std::to_string(BM) + (f16 ? ", f16)" : ", bf16)");

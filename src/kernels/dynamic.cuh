@@ -4,12 +4,17 @@
 // (common/moe_gemm.cuh). The GEMM computes each tile transposed, Dᵀ = W · Aᵀ:
 //
 //   CTA = 3 warpgroups (384 threads), persistent over the work list (m-tile × n-tile):
-//     warpgroup 0      producer: per pipeline stage, cp.async of the activation tile (BM routed
-//                      rows × 64 k of A1/A2, bf16, rows past the expert zero-filled) in the wgmma
-//                      K-major 128B-swizzled layout (common/wgmma_layout.h): the wgmma B operand; and of
-//                      the n-tile's weights for the same 64 k: its 8 row tiles of mma-fragment-order
-//                      codes (device_weights.h, the layout direct_micro reads; 8 × 512 B) and their
-//                      scale bytes (8 × 16 rows × 64 / block), row tiles past w_rows zero-filled.
+//     warpgroup 0      producer: one thread fills each pipeline stage with tensor copies (TMA) that
+//                      complete on the stage's "full" barrier by their bytes (TensorMaps, built by
+//                      the host: host/tensor_map.h): the activation tile (BM routed rows × 64 k of
+//                      A1/A2, written 128B-swizzled: the wgmma B operand; rows past the expert are
+//                      the next expert's, or zeros past the call's rows), and the n-tile's 8 row
+//                      tiles of mma-fragment-order codes for the same 64 k (device_weights.h, the
+//                      layout direct_micro reads; 512 B each) with their scale bytes (16 rows × 64 /
+//                      block), one box of 8 row tiles each (two of 4 for a gated FC1, whose tile
+//                      takes its halves from the gate and up rows). Row tiles past w_rows arrive as
+//                      the next expert's or as zeros, and their consumer warp reads a zeroed block
+//                      instead. The producer's other 127 threads have nothing to do.
 //     warpgroups 1, 2  consumers: weight rows [64c, 64c + 64) of the n-tile, warp w the 16 rows
 //                      64c + 16w... Once the stage is full each lane reads its 16 bytes of codes (one
 //                      LDS.128) and its two scale words; dequantises them to A fragments
@@ -19,8 +24,9 @@
 //                      activation tile.
 //   Then the two consumers stage alpha·acc + bias transposed (routed row × weight column) and run
 //   the FC1 or FC2 epilogue of the tile together (named barrier over 256 threads).
-//   Stages: a ring of kStagesOf<BM> (activation tile, weight slice) pairs with mbarriers "full" (128
-//   producer arrivals) and "empty" (256 consumer arrivals); no __syncthreads after the prologue.
+//   Stages: a ring of kStagesOf<BM> (activation tile, weight slice) pairs with mbarriers "full" (one
+//   producer arrival with the stage's bytes) and "empty" (256 consumer arrivals); no __syncthreads
+//   after the prologue.
 //
 // Why weights in registers: the previous design dequantised the weights into shared memory, so each
 // stage moved the weight tile through shared memory twice (a write, then a wgmma read by each
@@ -32,7 +38,18 @@
 // Why the weights ride the stages: when each lane loaded its own weights from global memory two
 // k-tiles ahead, the consumers stalled on those loads (long scoreboard, 29 % of samples; NOTES.md
 // session 5): two k-tiles is less than a loaded DRAM round trip. In the stages they are requested
-// up to kStagesOf<BM> - 3 k-tiles ahead by the producer, which has nothing else to wait for.
+// as far ahead as the ring allows.
+//
+// Why one producer thread of tensor copies (sessions 15 and 16): with cp.async, 128 producer threads
+// spent ~127 instructions a stage on addresses and zero-fill selects, and each signalled a stage only
+// once its copies of it had landed, kLag stages later; at mixtral-8x7b T = 512 (BM = 128) the
+// consumers waited on "full" 62 % of their time with the tensor pipe at 50 % (NOTES session 15).
+// One warp issuing the weights as 16 bulk copies of their row tiles (one per lane) was slower still,
+// 27 % over 28 points (NOTES session 16): a bulk copy's operands must be uniform, so ptxas issued the
+// lanes' copies one by one (ELECT, 4 R2UR, UBLKCP: ~80 cycles each), ~1300 cycles a stage, and the
+// consumers again waited on "full" 62 %. Three tensor copies a stage (five for a gated FC1) take a
+// fraction of that: against cp.async, median 0.790 and faster at 12 of 12 points (mixtral-8x7b a4
+// T = 128 -33 %, T = 2048 -28 %; NOTES session 16).
 //
 // Products are exact (bf16 holds E2M1 × E4M3/UE8M0 and every activation value the quantisers
 // produce, including e4m3 × UE8M0 of a8), accumulation is fp32: results equal generic's up to
@@ -43,6 +60,7 @@
 // the launch is graph-safe).
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (the type only: the map is built on the host)
 #include <cuda_bf16.h>
 #include <cstdint>
 #include <type_traits>
@@ -60,7 +78,7 @@ namespace fp4moe::kernels::dynamic {
 // per call from the routed rows per expert (launch_dynamic.cu dynamic_tile_m). Why: the tensor cores
 // multiply the whole tile, so with 8 rows per expert (qwen3-30b-a3b at T = 128) a 128-row tile spends
 // 16 times the MACs the rows need (~0.2 ms of MMAs there); at 32 rows the dequantisation is left.
-// (Smem, copy_a, tile_info, finish_tile, produce, consume and gemm_kernel take it as a parameter.)
+// (Smem, tile_info, finish_tile, produce, consume and gemm_kernel take it as a parameter.)
 
 inline constexpr int BN = 128;              // weight rows per n-tile: 2 consumer warpgroups × 64 (wgmma M)
 inline constexpr int BK = wgmma::kTileK;    // 64 k per pipeline stage: 4 wgmma k16 steps
@@ -68,14 +86,10 @@ inline constexpr int kConsumers = 2;
 inline constexpr int kWarpgroup = 128;
 inline constexpr int kThreads = kWarpgroup * (1 + kConsumers);
 // Pipeline stages per m-tile width: about as many as shared memory holds beside the staging and the
-// tables (each stage: the BM × 64 activation tile and 4.5 KB of packed weights), and the producer
-// keeps all but three of them in flight (hand_over's lag, produce). Why: the weights stream from HBM
-// through the stages alone. With 4 stages and the hand-over one step late, each producer thread had
-// at most 2 stages of copies outstanding, ~9 KB of weights per SM, which at a loaded DRAM latency of
-// ~1.5 µs moves under 1 TB/s over 132 SMs; HBM needs ~50 KB per SM in flight. At few rows per expert the
-// register path streams every touched expert's weights once, so this, not the tensor cores, likely
-// set its pace (qwen3-30b-a3b T = 128: 302 MB of weights, 381 µs for the call; derived, not measured).
-// The f16 variant at BM = 32 instead runs two CTAs per SM (kCtasPerSm), each with 8 stages.
+// tables (each stage: the BM × 64 activation tile and 4.5 KB of packed weights), all of them in
+// flight (produce). Why: the weights stream from HBM through the stages alone; HBM needs ~50 KB per
+// SM in flight. The f16 variant at BM = 32 instead runs two CTAs per SM (kCtasPerSm), each with 8
+// stages.
 template <int BM, bool kF16 = false>
 inline constexpr int kStagesOf = BM == 32 ? (kF16 ? 8 : 16) : (BM == 64 ? 10 : 5);
 // CTAs per SM. Why two for the f16 variant at BM = 32: its consumers were issue-idle 59 % of the
@@ -88,7 +102,7 @@ inline constexpr int kCtasPerSm = kF16 && BM == 32 ? 2 : 1;
 // Registers per thread. At launch: what __launch_bounds__ leaves each of kThreads × kCtasPerSm
 // threads, in the allocation's units of 8 (168 for one CTA, 80 for two; the host checks ptxas agreed,
 // dynamic_gemm_opt_in). Then setmaxnreg moves them within the CTA's pool (SETMAXREG .CTAPOOL): the
-// producer (cp.async only) gives back to 40, the consumers take what that frees, in units of 8.
+// producer (copies only) gives back to 40, the consumers take what that frees, in units of 8.
 // Asking for more than the pool holds would make the consumers' increase wait forever.
 inline constexpr int kProducerRegs = 40;
 template <int BM, bool kF16>
@@ -109,21 +123,24 @@ inline constexpr int kRowTiles = BN / 16;   // weight row tiles (16 rows × 64 k
 inline constexpr int kMaxScaleBytes = 16 * 4;  // scale bytes per row tile and k-tile: 16 rows × 64 / 16
 
 struct NoTables {};
-// The activation tiles are 128B-swizzled (copy_a), so each starts 1024-byte aligned: the kernels
+// The activation tiles are 128B-swizzled (the tensor map's), so each starts 1024-byte aligned: the kernels
 // align their dynamic shared memory up to kSmemAlign (aligned_smem), and the launch asks for that much
 // more than sizeof(Smem) (smem_bytes).
 inline constexpr uint32_t kSmemAlign = wgmma::kSw128Atom;
 template <int BM, bool kF16 = false>
 struct alignas(1024) Smem {
   static constexpr int kStages = kStagesOf<BM, kF16>;
-  static_assert(kStages >= 3, "the producer signals a stage after starting later ones (hand_over)");
+  static_assert(kStages >= 2, "the consumers release a stage one stage late (wgmma_wait<1>)");
   __nv_bfloat16 a[kStages][BM * BK];  // activation tiles (BM, BK) per stage, K-major, 128B-swizzled
-  uint4 w[kStages][kRowTiles][32];    // weight codes per stage: row tile j = 4c + warp, lane's 16 B
-  alignas(16) uint8_t ws[kStages][kRowTiles][kMaxScaleBytes];  // their scales: [16 rows][64 / block]
+  alignas(128) uint4 w[kStages][kRowTiles][32];  // weight codes per stage: row tile j = 4c + warp, lane's 16 B
+  // Their scales: row tile j's 16 · sb bytes ([16 rows][sb = 64 / block]) at j · 16 · sb, packed as
+  // the tensor copy writes them (128-byte aligned: a tensor copy's destination).
+  alignas(128) uint8_t ws[kStages][kRowTiles * kMaxScaleBytes];
   alignas(16) float c[BM * kLdc];     // epilogue staging: [routed row][tile column], alpha·acc + bias
   float rw[BM];                       // FC2: the tile's router weights (router_weight)
   std::conditional_t<kF16, NoTables, FragTables> tables;  // E2M1 and scale byte → bf16x2, per lane (bf16 only)
-  uint64_t full[kStages];             // producer → consumers: stage written (and fenced for the async proxy)
+  alignas(16) uint4 zeros[32 + kMaxScaleBytes / 16];  // codes and scales of a row tile past w_rows (consume)
+  uint64_t full[kStages];             // producer → consumers: the stage's bytes have landed
   uint64_t empty[kStages];            // consumers → producer: stage read by the tensor cores
   int aborted;                        // watchdog (mbarrier.cuh)
 };
@@ -142,34 +159,6 @@ template <class SmemT>
 __device__ __forceinline__ SmemT& aligned_smem(unsigned char* raw) {
   const uint32_t pad = (kSmemAlign - (ptx::smem_addr(raw) & (kSmemAlign - 1))) & (kSmemAlign - 1);
   return *reinterpret_cast<SmemT*>(raw + pad);
-}
-
-// cp.async of the stage's activation tile: rows row0 + m (m < valid; the rest zero-filled),
-// k = kt·64 ..., in the 128B-swizzled K-major layout (wgmma_layout.h sw128_offset), BM / 16 copies
-// of 16 bytes per producer thread t: copy i moves chunk t % 8 of row 16·i + t / 8
-// (wgmma::a_copy_chunk), so each quarter-warp reads one row's 128 contiguous global bytes and writes
-// them to the 8 bank groups of one 128-byte shared row. Why: with the no-swizzle layout a row's 8
-// chunks lie a core-matrix column apart in shared memory (BM·16 bytes, the same banks), and a
-// quarter-warp copied 8 rows' chunk kc instead: Nsight Compute counted 28.6 shared wavefronts per
-// copy instruction against an ideal 4.2, and twice the ideal global sectors, at mixtral-8x7b T = 512
-// (BM = 128): ~900 cycles a stage of the shared-memory pipe against 512 of MMAs (NOTES session 15).
-template <int BM>
-__device__ __forceinline__ void copy_a(const MoeGemmParams& p, __nv_bfloat16* tile, int row0, int valid, int kt, int t) {
-  constexpr int kCopies = BM / 16;
-  unsigned char* base = reinterpret_cast<unsigned char*>(tile);
-  const wgmma::ChunkCoord c0 = wgmma::a_copy_chunk(t, 0);
-  // Row m + 16 lies two 1024-byte atoms past row m, with the same swizzle (it depends on m % 8).
-  const uint32_t dst0 = wgmma::sw128_offset(c0.m, 8 * c0.kc);
-  const __nv_bfloat16* src0 = p.a + static_cast<int64_t>(row0) * p.k_pad + kt * BK + c0.kc * 8;
-  // One running source pointer, 16 rows a copy (rows past `valid` copy 0 bytes from row 0): the
-  // producer's 40 registers do not hold a precomputed offset per copy (ptxas spilled at BM = 128).
-  const int64_t step = static_cast<int64_t>(16) * p.k_pad;
-  const __nv_bfloat16* src = src0 + static_cast<int64_t>(c0.m) * p.k_pad;
-#pragma unroll
-  for (int i = 0; i < kCopies; ++i, src += step) {
-    const bool ok = c0.m + 16 * i < valid;
-    ptx::cp_async_16(base + dst0 + i * 2 * wgmma::kSw128Atom, ok ? src : src0, ok ? 16 : 0);
-  }
 }
 
 struct TileInfo {
@@ -230,47 +219,24 @@ __device__ __forceinline__ float router_weight(const MoeGemmParams& p, const Til
 }
 
 // Thread 0, before the CTA's first __syncthreads: the stages' barriers ("full" completes a phase
-// after full_arrivals arrivals, "empty" after both consumers'), the watchdog flag, and a fence that
-// makes the initialisations visible to the async proxy (bulk copies completing on "full").
-// kRing: the ring's stages (the bf16 path has its own count).
+// after the producer's one arrival and the bytes it announced, "empty" after both consumers'), the
+// watchdog flag, and a fence that makes the initialisations visible to the async proxy (the tensor
+// and bulk copies completing on "full"). kRing: the ring's stages (the bf16 path has its own count).
 template <int kRing>
-__device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, unsigned full_arrivals, int* aborted) {
-  static_assert(kRing >= 3, "the producer signals stage s one step late (after starting s + 1)");
+__device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, int* aborted) {
+  static_assert(kRing >= 2, "the consumers release a stage one stage late (wgmma_wait<1>)");
   for (int s = 0; s < kRing; ++s) {
-    ptx::mbar_init(&full[s], full_arrivals);
+    ptx::mbar_init(&full[s], 1);
     ptx::mbar_init(&empty[s], kWarpgroup * kConsumers);
   }
   *aborted = 0;
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
-// The producer's hand-over, kLag steps late: once stage it's copies are issued, this thread's
-// copies of stage it - kLag have landed (at most kLag later groups pending) → fenced for the async
-// proxy → "full". So each producer thread keeps kLag stages of copies in flight. kLag ≤ kRing - 2:
-// the producer issues stage j + kLag (which signals j) only after the consumers have released
-// stage j + kLag - kRing, which they do while working on stage j + kLag - kRing + 1 ≤ j - 1.
-// The last kLag stages after the loop (hand_over_last; `it`: the stages issued). `n`: how many of
-// the stages before `it` this run of the producer issued (the static backend runs it once per GEMM
-// on one ring, static_moe.cuh; its first stage is it - n): only those are handed over here.
-template <int kRing, int kLag>
-__device__ __forceinline__ void hand_over(uint64_t* full, uint32_t it, uint32_t n) {
-  static_assert(kLag >= 1 && kLag <= kRing - 2, "the consumers must be able to release what the producer waits for");
-  if (n < kLag) return;
-  ptx::cp_async_wait<kLag>();     // this thread's copies of stage it - kLag have landed
-  ptx::fence_proxy_async_smem();  // its generic-proxy writes → visible to wgmma (async proxy)
-  ptx::mbar_arrive(&full[(it - kLag) % kRing]);
-}
-template <int kRing, int kLag>
-__device__ __forceinline__ void hand_over_last(uint64_t* full, uint32_t it, uint32_t n) {
-  ptx::cp_async_wait<0>();
-  ptx::fence_proxy_async_smem();
-  for (uint32_t j = it - min(n, static_cast<uint32_t>(kLag)); j < it; ++j) ptx::mbar_arrive(&full[j % kRing]);
-}
-
 // Row tile j (weight rows 16j.. of the n-tile) of the work item: whether it is inside w_rows
 // (w_rows % 16 == 0: all 16 rows or none) and its first fragment tile (k-tile 0), the expert's
-// first one when it is not. Tile indices fit 32 bits (2^32 tiles would be 2 TB of codes); 32-bit
-// indices keep the producer inside its 40 registers.
+// first one when it is not (the bf16 path's dequantiser, dynamic_bf16.cuh). Tile indices fit 32 bits
+// (2^32 tiles would be 2 TB of codes).
 struct RowTile {
   uint32_t tile0;
   bool ok;
@@ -282,74 +248,66 @@ __device__ __forceinline__ RowTile row_tile(const MoeGemmParams& p, const TileIn
   return {static_cast<uint32_t>(ti.e * (p.w_rows / 16) + rt) * static_cast<uint32_t>(p.k_pad / BK), ok};
 }
 
-// This producer thread's share of one work item's weight copies, per k-tile: the codes of row tiles
-// warp and warp + 4 (lane's 16 B of each: a warp moves 512 contiguous bytes), and for t < 8·sb one
-// 16-byte chunk of scales (row tile t / sb, chunk t % sb). Invalid row tiles copy 0 bytes (zeros).
-struct WeightCopies {
-  uint32_t code_tile[2], scale_tile;  // first fragment tiles (k-tile 0) of those row tiles
-  int code_bytes[2], scale_bytes;     // 16, or 0 past w_rows
+// The register path's tensor maps (built on the host, host/tensor_map.h register_path_maps), passed
+// to the kernel as one __grid_constant__ parameter:
+//   a       p.a, k_pad × a_rows 16-bit values, boxes of 64 k × BM rows, 128B-swizzled;
+//   codes   p.w_frag as (128 words of a 512-byte tile) × (k_pad / 64 k-tiles) × (w_experts · w_rows / 16
+//           row tiles), boxes of one k-tile of kBoxTiles row tiles (4 for a gated FC1, 8 otherwise);
+//   scales  p.s_frag alike, 16 · 64 / block bytes per tile.
+// Row tiles past the last expert's arrive as zeros.
+struct TensorMaps {
+  CUtensorMap a, codes, scales;
 };
+
+// Row tile j of the n-tile (weight rows 16j..) as the maps count it: the expert's first row tile plus
+// weight_row / 16. Past w_rows (the last n-tile of a non-gated FC1 or of FC2) it names the next
+// expert's rows or rows past the tensor; the consumers read zeros for those (consume).
 template <bool kFc1>
-__device__ __forceinline__ WeightCopies weight_copies(const MoeGemmParams& p, const TileInfo& ti, int t, int sb) {
-  const int warp = t >> 5;
-  WeightCopies wc;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const RowTile rt = row_tile<kFc1>(p, ti, warp + 4 * h);
-    wc.code_tile[h] = rt.tile0;
-    wc.code_bytes[h] = rt.ok ? 16 : 0;
-  }
-  const RowTile rs = row_tile<kFc1>(p, ti, min(t / sb, kRowTiles - 1));
-  wc.scale_tile = rs.tile0;
-  wc.scale_bytes = rs.ok && t < kRowTiles * sb ? 16 : 0;
-  return wc;
-}
-template <class SmemT>
-__device__ __forceinline__ void copy_w(const MoeGemmParams& p, SmemT& sm, const WeightCopies& wc, int s, int kt, int t,
-                                       int sb) {
-  const int warp = t >> 5, lane = t & 31;
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-    ptx::cp_async_16(&sm.w[s][warp + 4 * h][lane], p.w_frag + static_cast<uint64_t>(wc.code_tile[h] + kt) * 32 + lane,
-                     wc.code_bytes[h]);
-  if (t < kRowTiles * sb)
-    ptx::cp_async_16(&sm.ws[s][t / sb][(t % sb) * 16],
-                     p.s_frag + static_cast<uint64_t>(wc.scale_tile + kt) * 16 * sb + (t % sb) * 16, wc.scale_bytes);
+__device__ __forceinline__ int map_row_tile(const MoeGemmParams& p, const TileInfo& ti, int j) {
+  return ti.e * (p.w_rows / 16) + weight_row<BN>(p, kFc1, ti.y, 16 * j) / 16;
 }
 
-// Producer warpgroup. Stage `it` is signalled "full" kLag steps late, after the copies of stage
-// it + kLag are issued (hand_over), so kLag stages of copies are in flight per thread.
+// The producer, thread 0 of its warpgroup (the other 127 return): per stage, once the consumers have
+// freed it, it announces the stage's bytes on "full" (constant: the activation box and 8 row tiles of
+// codes and scales, zeros included) and issues the tensor copies of the activation tile (rows row0..,
+// k = kt·64..) and of the n-tile's codes and scales (one box of 8 row tiles, or for a gated FC1 two
+// boxes of 4: the gate rows' and the up rows'). Everything completes on "full" with its bytes, so the
+// producer runs ahead as far as the ring allows.
 // it: the ring's stages this thread has used so far (0 for the dynamic backend's one GEMM; the static
 // backend runs FC1 and then FC2 on one ring), advanced past this GEMM's; consume takes the same.
 template <bool kFc1, int BM, bool kF16>
-__device__ __forceinline__ void produce(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, int work,
-                                        const ptx::Watchdog& wd, uint32_t& it) {
-  const int t = threadIdx.x;  // 0..127
-  const int ktiles = p.k_pad / BK, sb = 64 / p.block;
-  // The lag leaves the consumers two stages of slack: stage j is signalled once the consumers have
-  // released stage j - 3 (kLag = kRing - 3), i.e. while they work on stage j - 2, so the producer's
-  // reaction (its wait, a stage of copies) is off their path unless it takes longer than two stages.
-  constexpr int kRing = Smem<BM, kF16>::kStages, kLag = kRing - 3;
-  const uint32_t it0 = it;
+__device__ __forceinline__ void produce(const MoeGemmParams& p, const TensorMaps* maps, Smem<BM, kF16>& sm, int n_tiles,
+                                        int work, const ptx::Watchdog& wd, uint32_t& it) {
+  if (threadIdx.x != 0) return;
+  const int ktiles = p.k_pad / BK;
+  const int scale_bytes = 16 * (64 / p.block);
+  constexpr int kRing = Smem<BM, kF16>::kStages;
+  constexpr uint32_t kCodeBytes = 32 * sizeof(uint4), kTileBytes = BM * BK * 2;
+  const uint32_t stage_bytes = kTileBytes + kRowTiles * (kCodeBytes + static_cast<uint32_t>(scale_bytes));
+  const bool halves = kFc1 && p.gated;  // two boxes of kRowTiles / 2 row tiles
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = tile_info<BM>(p, w, n_tiles);
-    const WeightCopies wc = weight_copies<kFc1>(p, ti, t, sb);
+    const int tile0 = map_row_tile<kFc1>(p, ti, 0), tile1 = map_row_tile<kFc1>(p, ti, kRowTiles / 2);
     for (int kt = 0; kt < ktiles; ++kt, ++it) {
       const int s = it % kRing;
       ptx::mbar_wait(&sm.empty[s], ((it / kRing) & 1) ^ 1, wd, kWaitEmpty, it);
-      copy_a<BM>(p, sm.a[s], ti.row0, ti.valid, kt, t);
-      copy_w(p, sm, wc, s, kt, t, sb);
-      ptx::cp_async_commit();  // one group per stage
-      hand_over<kRing, kLag>(sm.full, it, it - it0);
+      ptx::mbar_arrive_expect_tx(&sm.full[s], stage_bytes);  // before the copies it announces
+      ptx::tma_load_2d(sm.a[s], &maps->a, kt * BK, ti.row0, &sm.full[s]);
+      ptx::tma_load_3d(sm.w[s][0], &maps->codes, 0, kt, tile0, &sm.full[s]);
+      ptx::tma_load_3d(&sm.ws[s][0], &maps->scales, 0, kt, tile0, &sm.full[s]);
+      if (halves) {
+        ptx::tma_load_3d(sm.w[s][kRowTiles / 2], &maps->codes, 0, kt, tile1, &sm.full[s]);
+        ptx::tma_load_3d(&sm.ws[s][kRowTiles / 2 * scale_bytes], &maps->scales, 0, kt, tile1, &sm.full[s]);
+      }
     }
   }
-  hand_over_last<kRing, kLag>(sm.full, it, it - it0);
 }
 
 // Consumer warpgroup c (0 or 1): weight rows [64c, 64c + 64) of each n-tile against all BM routed
 // rows of the m-tile. Every warp takes part in every wgmma (sync.aligned); a warp whose 16 weight rows
-// are past w_rows (last n-tile of a non-gated FC1 or of FC2) dequantises the zeros the producer
-// filled in for them.
+// are past w_rows (last n-tile of a non-gated FC1 or of FC2), whose stage slots hold the next
+// expert's rows or the tensor copy's zeros, dequantises the CTA's zeroed block instead (sm.zeros, a
+// stride of 0 through the stages).
 // kF16 (NVFP4 weights, NVFP4-a4 activations stored as f16): the weights become f16 A fragments by
 // bit moves and E4M3 conversions (frag_a_f16, ~18 instructions per k16 step and lane, no shared
 // loads) instead of the per-lane tables (frag_a_bf16: 6 LDS, their address IMADs and PRMTs; the
@@ -370,7 +328,8 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
   // addresses stay below 2^18, so nothing carries out of it). Taken once here, so a stage adds
   // s · stride instead of converting generic pointers and rebuilding the descriptor (~20 of a BM = 32
   // stage's ~150 instructions, NOTES session 12).
-  const uint32_t w_addr0 = ptx::smem_addr(&sm.w[0][j][lane]), ws_addr0 = ptx::smem_addr(&sm.ws[0][j][0]);
+  const uint32_t w_addr0 = ptx::smem_addr(&sm.w[0][j][lane]), ws_addr0 = ptx::smem_addr(&sm.ws[0][j * 16 * sb]);
+  const uint32_t zw_addr = ptx::smem_addr(&sm.zeros[lane]), zs_addr = ptx::smem_addr(&sm.zeros[32]);
   constexpr uint32_t kWStride = sizeof(sm.w[0]), kWsStride = sizeof(sm.ws[0]);
   const uint64_t desc_base = wgmma::operand_desc_sw128(a_base, 0, 0);
   const uint64_t kDescStride = wgmma::tile_bytes(BM) >> 4;
@@ -380,19 +339,23 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = tile_info<BM>(p, w, n_tiles);
     const float rw = kFc1 ? 0.0f : router_weight(p, ti, ct);
+    // This warp's row tile: copied into the stages, or past w_rows (all 16 rows or none, w_rows % 16
+    // == 0) and read from the zeroed block at every stage.
+    const bool w_ok = weight_row_valid<BN>(p, kFc1, ti.y, 16 * j);
+    const uint32_t w_addr = w_ok ? w_addr0 : zw_addr, ws_addr = w_ok ? ws_addr0 : zs_addr;
+    const uint32_t w_stride = w_ok ? kWStride : 0, ws_stride = w_ok ? kWsStride : 0;
     // Two sets of A fragments: while stage kt - 1's MMAs run, the warpgroup dequantises stage kt into
     // the other set; wgmma_wait<1> then frees stage kt - 1's set and its stage (tile and weights).
     uint32_t a0[4][4], a1[4][4];
     auto stage = [&](int kt, uint32_t (&a)[4][4]) {
       const int s = it % kRing;
       ptx::mbar_wait(&sm.full[s], (it / kRing) & 1, wd, kWaitFull, it);
-      // A row tile past w_rows (w_rows % 16 == 0: all 16 rows or none) takes no branch: the producer
-      // zero-filled its codes and scales (weight_copies), which dequantise to zeros on both variants.
-      // With a branch, ptxas zeroed the 16 fragment registers before it on every stage (8 CS2R and
-      // the branch's BSSY/BSYNC/BRA: ~11 of a BM = 32 stage's ~160 instructions).
-      const uint4 codes = ptx::ld_shared_v4(w_addr0 + s * kWStride);  // one LDS.128
+      // A row tile past w_rows takes no branch (its addresses point at the zeros): with a branch,
+      // ptxas zeroed the 16 fragment registers before it on every stage (8 CS2R and the branch's
+      // BSSY/BSYNC/BRA: ~11 of a BM = 32 stage's ~160 instructions, NOTES session 12).
+      const uint4 codes = ptx::ld_shared_v4(w_addr + s * w_stride);  // one LDS.128
       uint32_t slo, shi;
-      frag_scales_smem(ws_addr0 + s * kWsStride, sb, slo, shi);
+      frag_scales_smem(ws_addr + s * ws_stride, sb, slo, shi);
       const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
       if constexpr (kF16) {
         const F16Scales f16s = frag_scales_f16(slo, shi);
@@ -402,10 +365,8 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) frag_a_bf16(lut, words[ks], slo, shi, ks, a[ks]);
       }
-      // No proxy fence here: the tile's writers (the producer's cp.async) completed them, fenced them
-      // for the async proxy and then arrived on "full" (hand_over), and this thread's wait on "full"
-      // acquires that; a fence by the reader orders only its own accesses. (It was here until session
-      // 13 as "belt and braces": MEMBAR.ALL.CTA, FENCE.VIEW.ASYNC and 4 LDS a stage.)
+      // No proxy fence here: the stage was written by the async proxy (tensor and bulk copies) and
+      // completed "full", whose wait makes it visible to this thread and to its wgmma.
       ptx::fence_operand(acc);
       ptx::wgmma_fence();
       // The stage's k16 steps lie 32 bytes apart in the swizzled rows (operand_desc_sw128): added to
@@ -443,10 +404,13 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
 }
 
 // A register-path CTA's start (dynamic's gemm_kernel, static's static_kernel), all threads: the
-// ring's barriers (thread 0), the bf16 variant's lookup tables, then a __syncthreads.
+// ring's barriers (thread 0; "full" takes the producer's one arrival with the stage's bytes), the
+// zeroed block, the bf16 variant's lookup tables, then a __syncthreads.
 template <int BM, bool kF16>
 __device__ __forceinline__ void start_cta(Smem<BM, kF16>& sm, bool nvfp4) {
-  if (threadIdx.x == 0) init_pipeline<Smem<BM, kF16>::kStages>(sm.full, sm.empty, kWarpgroup, &sm.aborted);
+  if (threadIdx.x == 0) init_pipeline<Smem<BM, kF16>::kStages>(sm.full, sm.empty, &sm.aborted);
+  constexpr int kZeros = sizeof(sm.zeros) / sizeof(uint4);
+  if (threadIdx.x < kZeros) sm.zeros[threadIdx.x] = make_uint4(0, 0, 0, 0);
   if constexpr (!kF16) fill_frag_tables(sm.tables, nvfp4, threadIdx.x >> 5, kThreads / 32);
   __syncthreads();
 }
@@ -469,18 +433,20 @@ __device__ __forceinline__ bool take_role() {
 }
 
 // n_tiles: weight n-tiles per m-tile (FC1 gated: i_pad / 64; otherwise ceil(w_rows / 128)).
+// maps: the activation, code and scale tensor maps (TensorMaps; host/tensor_map.h register_path_maps).
 // watchdog: optional global int[ptx::kWatchdogReportInts], zeroed, that a pipeline wait past
 // ptx::kWatchdogNs fills (tests); null in production, where waits have no time limit.
 // kF16 = p.f16 (the host launches the matching instance): consume's f16 variant, no tables to fill.
 template <bool kFc1, int BM, bool kF16>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm<BM, kF16>) gemm_kernel(MoeGemmParams p, int n_tiles, int* watchdog) {
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<BM, kF16>)
+    gemm_kernel(MoeGemmParams p, const __grid_constant__ TensorMaps maps, int n_tiles, int* watchdog) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   Smem<BM, kF16>& sm = aligned_smem<Smem<BM, kF16>>(smem_raw);
   start_cta(sm, p.nvfp4);
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int work = *p.num_tiles * n_tiles;
   uint32_t it = 0;
-  if (take_role<BM, kF16>()) produce<kFc1, BM, kF16>(p, sm, n_tiles, work, wd, it);
+  if (take_role<BM, kF16>()) produce<kFc1, BM, kF16>(p, &maps, sm, n_tiles, work, wd, it);
   else consume<kFc1, BM, kF16>(p, sm, n_tiles, work, wd, it);
 }
 

@@ -419,7 +419,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     ptx::mbar_init(&sm.h_full, kConsumers * kWarpgroup);
     ptx::mbar_init(&sm.h_empty, kHelpers);
-    dynamic::init_pipeline<kStages>(sm.full, sm.empty, 1, &sm.aborted);  // the producer's one arrival; the fence
+    dynamic::init_pipeline<kStages>(sm.full, sm.empty, &sm.aborted);
   }
   __syncthreads();
   const ptx::Watchdog wd{&sm.aborted, watchdog};

@@ -44,6 +44,7 @@ struct Params {
   RoutingParams route;        // tile_m = BM; outputs in the generic workspace
   generic::GatherParams gather;
   MoeGemmParams fc1, fc2;     // their tile list, A and Y are the routing's, gather's and FC1's outputs
+  dk::TensorMaps maps1, maps2; // fc1's and fc2's operands for the producers' tensor copies (gpu::register_path_maps)
   int n1_tiles, n2_tiles;     // weight n-tiles per m-tile (dynamic_n_tiles)
   generic::CombineParams combine;
   GridBarrier barrier;
@@ -73,7 +74,7 @@ __device__ __forceinline__ T* opaque(T* q) {
 }
 
 template <int BM, bool kF16>
-__global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_kernel(Params p) {
+__global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   dk::Smem<BM, kF16>& sm = dk::aligned_smem<dk::Smem<BM, kF16>>(smem_raw);
   dk::start_cta(sm, p.fc1.nvfp4);
@@ -89,17 +90,23 @@ __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_ker
   for (int64_t u = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5); u < units;
        u += static_cast<int64_t>(gridDim.x) * kWarps)
     generic::gather_unit(p.gather, u, threadIdx.x & 31);
+  ptx::fence_proxy_async_global();  // A1's generic writes → the FC1 producers' tensor copies
   grid_sync(p.barrier);
 
   const int tiles = *p.route.num_tiles;  // written by CTA 0 before the first barrier
   uint32_t it = 0;  // the ring's stages used so far: FC2 continues where FC1 left the barriers' phases
   if (dk::take_role<BM, kF16>()) {
-    dk::produce<true, BM, kF16>(p.fc1, sm, p.n1_tiles, tiles * p.n1_tiles, wd, it);
+    // The writers fenced their generic writes for the async proxy before the barrier; the copies'
+    // issuer fences again after it (the tensor copies read A1 / A2 through the async proxy).
+    ptx::fence_proxy_async_global();
+    dk::produce<true, BM, kF16>(p.fc1, &p.maps1, sm, p.n1_tiles, tiles * p.n1_tiles, wd, it);
     grid_sync(p.barrier);
-    dk::produce<false, BM, kF16>(p.fc2, sm, p.n2_tiles, tiles * p.n2_tiles, wd, it);
+    ptx::fence_proxy_async_global();
+    dk::produce<false, BM, kF16>(p.fc2, &p.maps2, sm, p.n2_tiles, tiles * p.n2_tiles, wd, it);
     grid_sync(p.barrier);
   } else {
     dk::consume<true, BM, kF16>(p.fc1, *opaque(&sm), p.n1_tiles, tiles * p.n1_tiles, wd, it);
+    ptx::fence_proxy_async_global();  // A2's generic writes (FC1's epilogue) → FC2's tensor copies
     grid_sync(p.barrier);  // A2 is complete
     dk::consume<false, BM, kF16>(p.fc2, *opaque(&sm), p.n2_tiles, tiles * p.n2_tiles, wd, it);
     grid_sync(p.barrier);  // Y is complete

@@ -121,39 +121,6 @@ TEST(WgmmaLayout, AccumulatorFragmentCoversTheTileOnce) {
   }
 }
 
-// The register path's cp.async chunks of an A tile (128B-swizzled): every 16-byte chunk exactly
-// once; per warp instruction, each quarter-warp reads one row's 128 contiguous global bytes and
-// writes 8 different 16-byte bank groups (one conflict-free shared-memory phase); copy i lies
-// i · 2048 bytes past copy 0 (copy_a keeps one destination live).
-TEST(WgmmaLayout, ProducerACopiesCoverTheTileOnceWithoutBankConflicts) {
-  for (int rows : {32, 64, 128}) {
-    const int per_thread = rows / 16;
-    std::vector<int> hits(rows * 8, 0);
-    for (int t = 0; t < 128; ++t)
-      for (int i = 0; i < per_thread; ++i) {
-        const wg::ChunkCoord cc = wg::a_copy_chunk(t, i);
-        ASSERT_TRUE(cc.m >= 0 && cc.m < rows && cc.kc >= 0 && cc.kc < 8) << "t " << t << " i " << i;
-        ++hits[cc.m * 8 + cc.kc];
-        const wg::ChunkCoord c0 = wg::a_copy_chunk(t, 0);
-        EXPECT_EQ(wg::sw128_offset(cc.m, 8 * cc.kc), wg::sw128_offset(c0.m, 8 * c0.kc) + 2 * wg::kSw128Atom * i);
-      }
-    EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; })) << "rows " << rows;
-    for (int i = 0; i < per_thread; ++i)
-      for (int q = 0; q < 16; ++q) {  // quarter-warp q: lanes 8q .. 8q + 7 of the warpgroup
-        std::set<int> rows_of_q, chunks, bank_groups;
-        for (int t = 8 * q; t < 8 * q + 8; ++t) {
-          const wg::ChunkCoord cc = wg::a_copy_chunk(t, i);
-          rows_of_q.insert(cc.m);
-          chunks.insert(cc.kc);
-          bank_groups.insert(wg::sw128_offset(cc.m, 8 * cc.kc) / 16 % 8);
-        }
-        EXPECT_EQ(rows_of_q.size(), 1u) << "one global row per quarter-warp";
-        EXPECT_EQ(chunks.size(), 8u) << "its 128 bytes whole";
-        EXPECT_EQ(bank_groups.size(), 8u) << "rows " << rows << " copy " << i << " quarter " << q;
-      }
-  }
-}
-
 // The producer's dequantised weight stores: thread t owns tile row t; for each 8-k chunk a warp
 // writes 32 consecutive rows = 512 contiguous bytes.
 TEST(WgmmaLayout, ProducerBStoresOfAWarpAreContiguous) {

@@ -295,6 +295,7 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int til
   p.w_frag = reinterpret_cast<const uint4*>(d_fcodes.get());
   p.s_frag = d_fscales.get();
   p.w_rows = N, p.k_pad = K;
+  p.w_experts = E;  // the register path's weight tensor maps span them
   p.nvfp4 = g.nvfp4, p.block = bs;
   p.f16 = f16;
   p.f16_words = f16;  // the f16 kernels read f16 words (upload_weights stores them so for NVFP4-a4)

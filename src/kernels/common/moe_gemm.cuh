@@ -22,6 +22,7 @@ struct MoeGemmParams {
   const uint4* w_frag;          // [E_local][w_rows / 16][k_pad / 64] tiles in mma-fragment order (device_weights.h)
   const uint8_t* s_frag;        // their block scales, 16 · 64 / block bytes per tile
   int w_rows, k_pad;
+  int w_experts;                // experts w_frag holds (E_local): the register path's weight tensor maps span them
   bool nvfp4;                   // weight scale type: E4M3 (true) or UE8M0
   bool f16_words;               // code words stored as f16 words (DeviceWeights::f16_words, fragment_layout.h)
   int block;                    // weight scale block: 16 or 32

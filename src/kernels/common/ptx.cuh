@@ -61,6 +61,16 @@ __device__ __forceinline__ void tma_load_2d(void* smem, const void* tmap, int c0
       : "memory");
 }
 
+// Tensor copy through a 3-D tensor map: the box at element coordinates (c0, c1, c2), c0 the contiguous
+// dimension, otherwise as tma_load_2d (no swizzle needs `smem` 128-byte aligned).
+__device__ __forceinline__ void tma_load_3d(void* smem, const void* tmap, int c0, int c1, int c2, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          smem_addr(smem)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+      : "memory");
+}
+
 // ldmatrix.x4: four 8x8 b16 matrices; lane l supplies the row address of matrix l/8, row l%8.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

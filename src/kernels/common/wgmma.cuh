@@ -22,6 +22,13 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Make this thread's generic-proxy writes to global memory visible to later async-proxy reads (TMA
+// and bulk copies) that are ordered after it by synchronisation: the static backend's producers
+// read A1 and A2 by tensor copy after the grid barrier that follows their generic writes.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
 // wgmma.fence: order this warpgroup's earlier register/shared accesses before the wgmma that follow.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 // Close the group of wgmma issued since the last commit.

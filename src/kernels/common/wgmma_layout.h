@@ -1,7 +1,8 @@
 // Shared-memory operand layouts and matrix descriptors of Hopper's warpgroup MMA (wgmma): 16-bit
 // operands, K-major, without swizzle (below; the GPU probes of tests/gpu/test_gpu_dynamic.cu check the
 // descriptor fields on it) and with the 128-byte swizzle (further down; every kernel's tiles since
-// session 15: the register path's activation tiles, the bf16 path's both operands). Plain integer functions,
+// session 15: the register path's activation tiles, the bf16 path's both operands, all written by
+// tensor or bulk copies). Plain integer functions,
 // callable on host and device, so the CPU tests (tests/cpu/test_wgmma_layout.cpp) check that what
 // the producer writes and what the descriptor tells the tensor cores to read agree.
 //
@@ -79,16 +80,5 @@ FP4MOE_HD uint64_t operand_desc_sw128(uint32_t tile_addr, int r0, int ks) {
 // is at row 16·w + l/4 + 8·((i/2) % 2), column 8·(i/4) + 2·(l % 4) + i % 2.
 FP4MOE_HD int acc_row(int t, int i) { return 16 * (t >> 5) + ((t & 31) >> 2) + 8 * ((i >> 1) & 1); }
 FP4MOE_HD int acc_col(int t, int i) { return 8 * (i >> 2) + 2 * (t & 3) + (i & 1); }
-
-// The register path's A copies (dynamic.cuh copy_a; cp.async, 16 bytes each) into a 128B-swizzled
-// tile of `rows` rows × 64 k (rows·8 chunks): copy i (0 ≤ i < rows / 16) of producer thread t
-// (0..127) moves row m = 16·i + t / 8, chunk kc = t % 8 (k = 8·kc..). Each quarter-warp (8 lanes, one
-// shared-memory phase) reads one row's 128 contiguous global bytes and writes them to the 8 different
-// 16-byte bank groups of one 128-byte shared row (sw128_offset XORs the chunk with m % 8); row m + 16
-// lies two atoms (2048 bytes) past row m with the same swizzle.
-struct ChunkCoord {
-  int m, kc;
-};
-FP4MOE_HD ChunkCoord a_copy_chunk(int t, int i) { return {16 * i + (t >> 3), t & 7}; }
 
 }  // namespace fp4moe::kernels::wgmma
