@@ -71,6 +71,7 @@ PreparedWeights prepare_layer(const MoeConfig& config, uint64_t seed, int thread
     PrepareOptions po;
     po.device = gpu ? 0 : -1;
     po.keep_host_copy = keep_host_copy;
+    po.host_threads = threads;
     return prepare_weights(config, ck.view(), po);
   } catch (const std::exception& e) {
     error = error_status(e);

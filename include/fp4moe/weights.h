@@ -106,6 +106,7 @@ QuantizedCheckpoint canonicalize(const MoeConfig& config, const CheckpointView& 
 struct PrepareOptions {
   int device = -1;             // -1: host (reference backend); >= 0: this CUDA device
   bool keep_host_copy = false; // for a CUDA device: also keep the canonical host form
+  int host_threads = 0;        // host threads that repack the weights for the device (0: all hardware threads)
 };
 
 // Weights prepared for one device. Cheap to copy (shared, immutable).

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/parallel_for.h"
 #include "fp4moe/errors.h"
 #include "host/gpu_backend.h"
 #include "host/launch.h"
@@ -15,21 +16,23 @@ namespace {
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
 
 // Copy one canonical projection into [E][rows_pad][k_pad/2] codes and [E][rows_pad][k_pad/bs]
-// scales. row_of(r) maps a padded row to its canonical row, or -1 for a padding row.
+// scales, experts on up to `threads` host threads. row_of(r) maps a padded row to its canonical row,
+// or -1 for a padding row.
 void pad_projection(const QuantizedProjection& p, int rows_pad, int k_pad, const auto& row_of,
-                    std::vector<uint8_t>& codes, std::vector<uint8_t>& scales) {
+                    std::vector<uint8_t>& codes, std::vector<uint8_t>& scales, int threads) {
   const int bs = p.block();
   const int64_t src_cb = p.cols / 2, dst_cb = k_pad / 2, src_sc = p.cols / bs, dst_sc = k_pad / bs;
   codes.assign(static_cast<size_t>(p.experts) * rows_pad * dst_cb, 0);
   scales.assign(static_cast<size_t>(p.experts) * rows_pad * dst_sc, 0);
-  for (int e = 0; e < p.experts; ++e)
+  parallel_for(p.experts, threads, [&](int64_t e) {
     for (int r = 0; r < rows_pad; ++r) {
       const int s = row_of(r);
       if (s < 0) continue;
-      const int64_t src = static_cast<int64_t>(e) * p.rows + s, dst = static_cast<int64_t>(e) * rows_pad + r;
+      const int64_t src = e * p.rows + s, dst = e * rows_pad + r;
       std::memcpy(&codes[dst * dst_cb], &p.packed[src * src_cb], src_cb);
       std::memcpy(&scales[dst * dst_sc], &p.scales[src * src_sc], src_sc);
     }
+  });
 }
 
 DeviceBuffer upload(const void* host, size_t bytes, const char* what) {
@@ -41,40 +44,45 @@ DeviceBuffer upload(const void* host, size_t bytes, const char* what) {
 }  // namespace
 
 void to_fragment_order(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales, int experts, int rows,
-                       int k, int bs, std::vector<uint8_t>& fcodes, std::vector<uint8_t>& fscales,
-                       bool f16_words) {
+                       int k, int bs, std::vector<uint8_t>& fcodes, std::vector<uint8_t>& fscales, bool f16_words,
+                       int threads) {
   const int RT = rows / 16, KT = k / 64, sb = 64 / bs;
+  const int64_t row_bytes = k / 2;
   fcodes.assign(codes.size(), 0);
   fscales.assign(scales.size(), 0);
-  for (int e = 0; e < experts; ++e)
-    for (int rt = 0; rt < RT; ++rt)
-      for (int kt = 0; kt < KT; ++kt) {
-        const int64_t tile = (static_cast<int64_t>(e) * RT + rt) * KT + kt;
-        uint8_t* dst = &fcodes[tile * 512];
-        for (int lane = 0; lane < 32; ++lane) {
-          for (int t = 0; t < 4; ++t) {
-            uint8_t* word = dst + lane * 16 + t * 4;
-            for (int b = 0; b < 4; ++b) {
-              const kernels::FragmentSource src = kernels::weight_fragment_source(lane, t, b);
-              const int row = rt * 16 + src.row, kk = kt * 64 + src.k;  // even: the byte holds kk, kk+1
-              word[b] = codes[(static_cast<int64_t>(e) * rows + row) * (k / 2) + kk / 2];
-            }
-            if (f16_words) {  // little-endian, as the kernels load it
-              uint32_t v = 0;
-              std::memcpy(&v, word, 4);
-              v = kernels::f16_word_from_standard(v);
-              std::memcpy(word, &v, 4);
-            }
-          }
-        }
-        for (int r = 0; r < 16; ++r)
-          for (int j = 0; j < sb; ++j)
-            fscales[tile * 16 * sb + r * sb + j] =
-                scales[(static_cast<int64_t>(e) * rows + rt * 16 + r) * (k / bs) + kt * sb + j];
+  // Byte i of a tile (lane i / 16, word (i / 4) % 4, byte i % 4) comes from row src.row and code byte
+  // src.k / 2 of the tile's 16 × 64 block: one table of source offsets for every tile.
+  int32_t from[512];
+  for (int lane = 0; lane < 32; ++lane)
+    for (int t = 0; t < 4; ++t)
+      for (int b = 0; b < 4; ++b) {
+        const kernels::FragmentSource src = kernels::weight_fragment_source(lane, t, b);  // src.k even
+        from[lane * 16 + t * 4 + b] = static_cast<int32_t>(src.row * row_bytes + src.k / 2);
       }
+  // One task per (expert, row tile): its KT tiles of codes and scales.
+  parallel_for(static_cast<int64_t>(experts) * RT, threads, [&](int64_t task) {
+    const int64_t e = task / RT, rt = task % RT;
+    const uint8_t* block_rows = &codes[(e * rows + rt * 16) * row_bytes];  // row 16·rt of expert e
+    for (int kt = 0; kt < KT; ++kt) {
+      const int64_t tile = task * KT + kt;
+      const uint8_t* src = block_rows + kt * 32;  // k = 64·kt: code byte 32·kt
+      uint8_t* dst = &fcodes[tile * 512];
+      for (int i = 0; i < 512; ++i) dst[i] = src[from[i]];
+      if (f16_words)  // little-endian words, as the kernels load them
+        for (int w = 0; w < 128; ++w) {
+          uint32_t v;
+          std::memcpy(&v, dst + 4 * w, 4);
+          v = kernels::f16_word_from_standard(v);
+          std::memcpy(dst + 4 * w, &v, 4);
+        }
+      for (int r = 0; r < 16; ++r)
+        for (int j = 0; j < sb; ++j)
+          fscales[tile * 16 * sb + r * sb + j] = scales[(e * rows + rt * 16 + r) * (k / bs) + kt * sb + j];
+    }
+  });
 }
 
-std::shared_ptr<const DeviceWeights> upload_weights(const MoeConfig& c, const QuantizedCheckpoint& w, int device) {
+std::shared_ptr<const DeviceWeights> upload_weights(const MoeConfig& c, const QuantizedCheckpoint& w, int device, int threads) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -104,13 +112,13 @@ std::shared_ptr<const DeviceWeights> upload_weights(const MoeConfig& c, const Qu
   };
   std::vector<uint8_t> fcodes, fscales;
   const int bs = w.w13.block();
-  pad_projection(w.w13, d->n1_pad, d->h_pad, w13_row, codes, scales);
+  pad_projection(w.w13, d->n1_pad, d->h_pad, w13_row, codes, scales, threads);
   d->f16_words = f16_operands(c);
-  to_fragment_order(codes, scales, EL, d->n1_pad, d->h_pad, bs, fcodes, fscales, d->f16_words);
+  to_fragment_order(codes, scales, EL, d->n1_pad, d->h_pad, bs, fcodes, fscales, d->f16_words, threads);
   d->w13_frag = upload(fcodes.data(), fcodes.size(), "w13.frag");
   d->w13_frag_scales = upload(fscales.data(), fscales.size(), "w13.frag_scales");
-  pad_projection(w.w2, d->h_pad, d->i_pad, [&](int r) { return r < c.hidden ? r : -1; }, codes, scales);
-  to_fragment_order(codes, scales, EL, d->h_pad, d->i_pad, bs, fcodes, fscales, d->f16_words);
+  pad_projection(w.w2, d->h_pad, d->i_pad, [&](int r) { return r < c.hidden ? r : -1; }, codes, scales, threads);
+  to_fragment_order(codes, scales, EL, d->h_pad, d->i_pad, bs, fcodes, fscales, d->f16_words, threads);
   d->w2_frag = upload(fcodes.data(), fcodes.size(), "w2.frag");
   d->w2_frag_scales = upload(fscales.data(), fscales.size(), "w2.frag_scales");
 

@@ -17,9 +17,10 @@ namespace fp4moe::gpu {
 // Weights in the layouts the kernels read, on one device. Defined in src/host/device_weights.h.
 struct DeviceWeights;
 
-// Repack the canonical host form once and upload it to `device`.
+// Repack the canonical host form once (on up to `threads` host threads, 0: all) and upload it to
+// `device`.
 std::shared_ptr<const DeviceWeights> upload_weights(const MoeConfig& config, const QuantizedCheckpoint& canonical,
-                                                    int device);
+                                                    int device, int threads = 0);
 
 // Workspace and launches for one runner on one device. Created once per MoeRunner; run() allocates
 // nothing and never synchronises.

@@ -28,11 +28,13 @@ PreparedWeights prepare_weights(const MoeConfig& config, const CheckpointView& c
                                 const PrepareOptions& options) {
   FP4MOE_REQUIRE(options.device >= -1, InvalidArgument, "options.device",
                  "must be -1 (host) or a CUDA device ordinal, got ", options.device);
+  FP4MOE_REQUIRE(options.host_threads >= 0, InvalidArgument, "options.host_threads",
+                 "must be 0 (all hardware threads) or a positive thread count, got ", options.host_threads);
   auto impl = std::make_shared<PreparedWeights::Impl>();
   impl->config = config;
   impl->device = options.device;
   QuantizedCheckpoint canonical = canonicalize(config, checkpoint);  // validates config too
-  if (options.device >= 0) impl->dev = gpu::upload_weights(config, canonical, options.device);
+  if (options.device >= 0) impl->dev = gpu::upload_weights(config, canonical, options.device, options.host_threads);
   if (options.device < 0 || options.keep_host_copy) impl->host = std::move(canonical);
   return PreparedWeights(std::move(impl));
 }

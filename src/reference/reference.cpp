@@ -12,30 +12,13 @@
 #include <cstring>
 #include <thread>
 
+#include "common/parallel_for.h"
 #include "fp4moe/activation.h"
 #include "fp4moe/errors.h"
 #include "fp4moe/formats.h"
 
 namespace fp4moe::reference {
 namespace {
-
-void parallel_for(int64_t n, int threads, const auto& fn) {
-  if (n <= 0) return;
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  threads = static_cast<int>(std::min<int64_t>(threads, n));
-  if (threads == 1) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  auto worker = [&] {
-    for (int64_t i; (i = next.fetch_add(1)) < n;) fn(i);
-  };
-  std::vector<std::thread> pool;
-  for (int i = 1; i < threads; ++i) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
-}
 
 // Four independent accumulators in a fixed order: vectorisable and deterministic.
 double dot(const double* a, const double* b, int n) {

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/parallel_for.h"
 #include "fp4moe/errors.h"
 #include "fp4moe/formats.h"
 #include "reference/reference.h"
@@ -18,20 +19,6 @@
 namespace fp4moe::testkit {
 
 namespace {
-
-// Run fn(i) for i in [0, n) on up to `threads` threads (0: all hardware threads).
-void parallel_for(int64_t n, int threads, const std::function<void(int64_t)>& fn) {
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  threads = static_cast<int>(std::min<int64_t>(threads, n));
-  std::atomic<int64_t> next{0};
-  auto worker = [&] {
-    for (int64_t i = next++; i < n; i = next++) fn(i);
-  };
-  std::vector<std::thread> pool;
-  for (int i = 1; i < threads; ++i) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
-}
 
 // An empty canonical projection of `experts` × [rows, cols], linear scales.
 QuantizedProjection empty_projection(int experts, int rows, int cols, WeightFormat format) {

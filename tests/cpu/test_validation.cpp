@@ -182,6 +182,8 @@ TEST(PrepareWeights, BadDeviceAndBadConfig) {
   const MoeConfig c = base_config();
   const testkit::Problem p = testkit::make_problem({c, 2, 1});
   EXPECT_ERROR(InvalidArgument, prepare_weights(c, p.checkpoint.view(), {.device = -2}), "options.device", "-2");
+  EXPECT_ERROR(InvalidArgument, prepare_weights(c, p.checkpoint.view(), {.device = -1, .host_threads = -3}),
+               "options.host_threads", "-3");
   // The config is validated before the checkpoint is read.
   EXPECT_ERROR(InvalidArgument, prepare_weights(with([](MoeConfig& c) { c.hidden = 130; }), p.checkpoint.view()),
                "hidden", "130");
