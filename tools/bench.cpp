@@ -221,7 +221,9 @@ int run_bench(const Args& args) {
   std::vector<BenchRow> rows;
   int errors = 0;
   size_t done = 0;
-  // One layer's weights are drawn and prepared once for all its token counts; inputs are fresh per point.
+  // One layer's weights are drawn and prepared once for all its token counts (and drawn once for all
+  // its activation modes: the cache); inputs are fresh per point.
+  LayerCache drawn;
   for (const LayerPoints& layer : group_by_layer(points)) {
     const MoeConfig c = layer.config();
     const Point& first = layer.points.front();
@@ -230,7 +232,7 @@ int run_bench(const Args& args) {
                  first.bias ? "+bias" : "");
     const auto t0 = std::chrono::steady_clock::now();
     std::string layer_error;
-    const PreparedWeights weights = prepare_layer(c, seed, args.threads, gpu, false, layer_error);
+    const PreparedWeights weights = prepare_layer(c, seed, args.threads, gpu, false, layer_error, &drawn);
     std::fprintf(stderr, "  weights ready in %.1f s%s%s\n",
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                  layer_error.empty() ? "" : ": ", layer_error.c_str());

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <sstream>
 
 #include "fp4moe/errors.h"
 
@@ -49,12 +50,31 @@ std::vector<LayerPoints> group_by_layer(const std::vector<Point>& points) {
   return layers;
 }
 
-QuantizedCheckpoint build_layer(const MoeConfig& config, uint64_t seed, int threads) {
+namespace {
+
+testkit::LayerSpec layer_spec(const MoeConfig& config, uint64_t seed, int threads) {
   testkit::LayerSpec spec;
   spec.config = config;
   spec.seed = seed;
   spec.threads = threads;
-  return testkit::make_layer(spec);
+  return spec;
+}
+
+// What make_layer_weights depends on: every field of the config but the activation mode (and the
+// output type, which the weights never see), and the seed.
+std::string layer_weights_key(const MoeConfig& c, uint64_t seed) {
+  std::ostringstream k;
+  k << c.hidden << ' ' << c.intermediate << ' ' << c.num_experts << ' ' << c.top_k << ' '
+    << static_cast<int>(c.activation) << ' ' << c.swiglu.alpha << ' ' << c.swiglu.beta << ' ' << c.swiglu.limit << ' '
+    << static_cast<int>(c.format) << ' ' << c.has_bias << ' ' << c.local_expert_first << ' ' << c.local_count()
+    << ' ' << seed;
+  return k.str();
+}
+
+}  // namespace
+
+QuantizedCheckpoint build_layer(const MoeConfig& config, uint64_t seed, int threads) {
+  return testkit::make_layer(layer_spec(config, seed, threads));
 }
 
 std::string error_status(const std::exception& e) {
@@ -64,10 +84,20 @@ std::string error_status(const std::exception& e) {
 }
 
 PreparedWeights prepare_layer(const MoeConfig& config, uint64_t seed, int threads, bool gpu, bool keep_host_copy,
-                              std::string& error) {
+                              std::string& error, LayerCache* cache) {
   error.clear();
   try {
-    const QuantizedCheckpoint ck = build_layer(config, seed, threads);
+    LayerCache local;
+    LayerCache& lc = cache ? *cache : local;
+    const testkit::LayerSpec spec = layer_spec(config, seed, threads);
+    const std::string key = layer_weights_key(config, seed);
+    if (lc.key != key) {
+      lc.key.clear();  // stays empty if the draw throws
+      lc.weights = testkit::make_layer_weights(spec);
+      lc.key = key;
+    }
+    testkit::calibrate_layer(spec, lc.weights);
+    const QuantizedCheckpoint& ck = lc.weights;
     PrepareOptions po;
     po.device = gpu ? 0 : -1;
     po.keep_host_copy = keep_host_copy;

@@ -43,11 +43,21 @@ QuantizedCheckpoint build_layer(const MoeConfig& config, uint64_t seed, int thre
 // A point's status for an exception: "unsupported: …" for fp4moe::Unsupported, else "error: …".
 std::string error_status(const std::exception& e);
 
-// The layer's weights drawn (build_layer) and prepared on GPU 0 or the host (keeping the canonical
-// host form when asked). A failure comes back as error_status in `error`, not as an exception, so
-// the caller can report every point of the layer.
+// The last layer's drawn weights (testkit::make_layer_weights), for the next layer that differs from
+// it only in the activation mode: the modes of a shape and format share their weights (only the
+// input scales differ), and drawing them is most of a layer's preparation (make_layer of
+// qwen3-30b-a3b: ~9 s on 2 cores).
+struct LayerCache {
+  std::string key;  // layer_weights_key of the weights held, empty when none
+  QuantizedCheckpoint weights;
+};
+
+// The layer's weights drawn (build_layer, or the cache's weights when they match, recalibrated for
+// the config's mode) and prepared on GPU 0 or the host (keeping the canonical host form when asked).
+// A failure comes back as error_status in `error`, not as an exception, so the caller can report
+// every point of the layer. cache: optional; holds the drawn weights afterwards.
 PreparedWeights prepare_layer(const MoeConfig& config, uint64_t seed, int threads, bool gpu, bool keep_host_copy,
-                              std::string& error);
+                              std::string& error, LayerCache* cache = nullptr);
 
 // Fresh random inputs for one point: `tokens` rows (a multiple of point.tokens when several input
 // sets share one call), seeded by (seed, point.tokens) — the same inputs for every format and mode

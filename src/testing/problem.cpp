@@ -302,17 +302,27 @@ Inputs make_inputs(const MoeConfig& c, int64_t tokens, uint64_t seed, int thread
   return in;
 }
 
-QuantizedCheckpoint make_layer(const LayerSpec& spec) {
+QuantizedCheckpoint make_layer_weights(const LayerSpec& spec) {
+  const MoeConfig& c = spec.config;
+  c.validate();
+  QuantizedCheckpoint canon = per_expert_weights(c, spec.seed, nullptr, spec.threads);
+  canon.gate_up = GateUpLayout::kUpGate;
+  return canon;
+}
+
+void calibrate_layer(const LayerSpec& spec, QuantizedCheckpoint& weights) {
   const MoeConfig& c = spec.config;
   c.validate();
   FP4MOE_REQUIRE(spec.calib_tokens >= 1, InvalidArgument, "calib_tokens", "must be at least 1, got ",
                  spec.calib_tokens);
-  QuantizedCheckpoint canon = per_expert_weights(c, spec.seed, nullptr, spec.threads);
-  canon.gate_up = GateUpLayout::kUpGate;
-  if (c.needs_input_scales()) {
-    const Inputs calib = make_inputs(c, spec.calib_tokens, spec.seed ^ kCalibSalt, spec.threads);
-    calibrate_input_scales(c, canon, calib.x, calib.ids, spec.calib_tokens);
-  }
+  if (!c.needs_input_scales()) return;
+  const Inputs calib = make_inputs(c, spec.calib_tokens, spec.seed ^ kCalibSalt, spec.threads);
+  calibrate_input_scales(c, weights, calib.x, calib.ids, spec.calib_tokens);
+}
+
+QuantizedCheckpoint make_layer(const LayerSpec& spec) {
+  QuantizedCheckpoint canon = make_layer_weights(spec);
+  calibrate_layer(spec, canon);
   return canon;
 }
 

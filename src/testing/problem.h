@@ -66,6 +66,12 @@ struct LayerSpec {
 };
 inline constexpr uint64_t kCalibSalt = 0xCA11B0A7ull;
 QuantizedCheckpoint make_layer(const LayerSpec& spec);
+// make_layer in two steps: the weights, which depend on the shape, format, bias, local range and
+// seed but not on the activation mode (so a run over several modes draws them once), then the input
+// scales of spec.config's mode set on them (a no-op for modes without input scales, which leaves any
+// scales already there: those modes never read them).
+QuantizedCheckpoint make_layer_weights(const LayerSpec& spec);
+void calibrate_layer(const LayerSpec& spec, QuantizedCheckpoint& weights);
 
 // Inputs of one call: x ~ N(0, x_std²), softmax-top-k routing (renormalised) — the distributions of
 // make_problem — token t from its own stream seeded by (seed, t), drawn in parallel.

@@ -620,3 +620,32 @@ TEST(CanonicalizeRejects, NullPointersAndRelu2Layout) {
     EXPECT_ERROR(InvalidArgument, canonicalize(r, v), "gate_up", "relu2");
   }
 }
+
+namespace fp4moe {
+namespace {
+
+// The bench draws a layer's weights once for all its activation modes: the two-step form equals
+// make_layer whatever mode's calibration ran on the weights before.
+TEST(TestkitLayer, TwoStepsEqualMakeLayerInEveryModeOrder) {
+  MoeConfig c;
+  c.num_experts = 4, c.hidden = 128, c.intermediate = 64, c.top_k = 2;
+  testkit::LayerSpec spec{c, 7, 8, 2};
+  QuantizedCheckpoint w = testkit::make_layer_weights(spec);
+  for (ActMode m : {ActMode::kA16, ActMode::kA4, ActMode::kA8, ActMode::kA4}) {
+    spec.config.mode = m;
+    testkit::calibrate_layer(spec, w);
+    const QuantizedCheckpoint want = testkit::make_layer(spec);
+    EXPECT_EQ(w.w13.packed, want.w13.packed);
+    EXPECT_EQ(w.w13.scales, want.w13.scales);
+    EXPECT_EQ(w.w2.packed, want.w2.packed);
+    EXPECT_EQ(w.w2.scales, want.w2.scales);
+    if (spec.config.needs_input_scales()) {  // the modes without input scales never read them
+      EXPECT_EQ(w.fc1_input_scale, want.fc1_input_scale) << to_string(m);
+      EXPECT_EQ(w.fc2_input_scale, want.fc2_input_scale) << to_string(m);
+      EXPECT_FALSE(w.fc1_input_scale.empty());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fp4moe
