@@ -138,12 +138,14 @@ int run_check(const Args& args) {
     else if (r.status.rfind("unsupported", 0) == 0) ++unsupported;
     else ++fail;
   };
-  // One layer's weights are drawn and prepared once for all its token counts; inputs are fresh per point.
+  // One layer's weights are drawn and prepared once for all its token counts (and drawn once for all
+  // its activation modes: the cache); inputs are fresh per point.
+  LayerCache drawn;
   for (const LayerPoints& layer : group_by_layer(points)) {
     const MoeConfig c = layer.config();
     std::string layer_error;
     // keep_host_copy on the GPU: the reference reads the canonical host form.
-    const PreparedWeights weights = prepare_layer(c, seed, args.threads, gpu, gpu, layer_error);
+    const PreparedWeights weights = prepare_layer(c, seed, args.threads, gpu, gpu, layer_error, &drawn);
     for (const Point& point : layer.points) {
       if (!layer_error.empty()) {
         CheckRow r;
