@@ -7,10 +7,8 @@
 #include "reference/reference.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
-#include <thread>
 
 #include "common/parallel_for.h"
 #include "fp4moe/activation.h"

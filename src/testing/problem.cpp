@@ -2,14 +2,11 @@
 #include "testing/problem.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <numeric>
 #include <random>
 #include <sstream>
-#include <thread>
 
 #include "common/parallel_for.h"
 #include "fp4moe/errors.h"
