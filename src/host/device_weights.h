@@ -52,4 +52,13 @@ void to_fragment_order(const std::vector<uint8_t>& codes, const std::vector<uint
 inline constexpr int kPadH = 64;
 inline constexpr int kPadI = 64;
 
+// One local expert's bytes in the layout above (FC1 and FC2 codes and block scales): what a call
+// streams per touched expert.
+inline int64_t expert_weight_bytes(const MoeConfig& c) {
+  const int64_t h_pad = (c.hidden + kPadH - 1) / kPadH * kPadH, i_pad = (c.intermediate + kPadI - 1) / kPadI * kPadI;
+  const int64_t n1_pad = c.gated() ? 2 * i_pad : i_pad;
+  const int64_t elems = n1_pad * h_pad + h_pad * i_pad;
+  return elems / 2 + elems / c.weight_block();
+}
+
 }  // namespace fp4moe::gpu

@@ -9,33 +9,54 @@
 namespace fp4moe::gpu {
 namespace {
 
-// kAuto, from the decode sweep bench/results/h200-decode-sweep-20261203-s13.md (four named shapes,
-// T = 16…256, a4 and a16, static / direct_micro / dynamic forced on the same inputs, session 13):
-//  - direct_micro up to its variant's capacity (T·K = 1024 routes for the f16 variant, NVFP4-a4;
-//    512 for the bf16 one) while the mean touched expert has at most kDirectMicroRoutesPerExpert
-//    routes (T·K over min(E_local, T·K), the most experts the routes can touch): 4 on the f16
-//    variant, 8 on the bf16 one. It streams each expert's weights once per 8–16 routes, so its cost
-//    grows with routes per expert, while dynamic's register path dequantises them once per m-tile.
-//    At 4 routes per expert direct_micro won every point of the sweep (qwen3-30b-a3b a4 T = 64
-//    207.2 against dynamic's 215.3 µs, gpt-oss-120b a4 T = 128 913.9 against 951.7, deepseek-v3 a4
-//    T = 128 2715 against 3135, mixtral-8x7b a4 T = 16 335.3 against 429.5); at 8 per expert dynamic
-//    won every a4 point (qwen3 T = 128 219.9 against 296.2, gpt-oss T = 256 980.9 against 1389,
-//    mixtral T = 32 431.4 against 507.3) and lost the a16 one (mixtral T = 32 701.6 against 600.2;
-//    a16's register path uses lookup tables), which it won at 16 (mixtral T = 64 697.3 against 853.2).
-//    Session 6's line was 32 routes per expert, measured against a register path 25–45 % slower
-//    than today's (two CTAs per SM, f16 words).
-//  - static is not taken: at no point of the sweep was it faster than dynamic by more than 0.7 %
-//    (a16; a4 4–10 % slower), since both run the same GEMM core and static saves only the launches.
-//  - dynamic above that on sm_90 (wgmma): faster than generic at 34 of the sweep's 35 points (up to
-//    1.4×) and 1.3–1.8× faster at T = 2048–16384 (h200-prefill-20261202-2prod.md against
-//    h200-nvfp4-a4-all-20261202.md); 4 % slower at qwen3-30b-a3b T = 512.
+// kAuto on sm_90, from session 17's sweep (bench/results/h100-decode-sweep-20261205-s17.md: qwen3-30b-a3b,
+// gpt-oss-120b, mixtral-8x7b, deepseek-v3 at T = 1…128, a4 and a16, direct_micro and dynamic forced on
+// the same inputs; on an H100, the card lent that session), after session 16's tensor-copy producer
+// made dynamic's register path ~21 % faster than session 13's sweep (h200-decode-sweep-20261203-s13.md)
+// measured it:
+//  - the f16 variant (NVFP4-a4): direct_micro while T·K ≤ 16 routes, or while the touched experts'
+//    weights (min(E_local, T·K) experts) are at most 256 MB and the mean touched expert has at most 4
+//    routes. Up to 16 routes it won every point (deepseek-v3 T = 2 178.1 against dynamic's 183.2 µs,
+//    mixtral-8x7b T = 8 306.0 against 315.7), mostly on dynamic's fixed costs (its pre-pass and two
+//    launches, ~6 µs at qwen3-30b-a3b T = 1) and, where few experts are touched, on dynamic's FC2
+//    having fewer n-tiles than SMs (mixtral T = 1: 2 experts × 32 tiles; 136.6 against 98.8). Past
+//    16 routes it won only where the weights are few (qwen3-30b-a3b T = 8, 64 experts × 2.7 MB: 83.6
+//    against 90.4; T = 16, 340 MB, a tie at 124.4 / 124.3); with more bytes dynamic's weight stream
+//    is the faster one (deepseek-v3 T = 4, 32 routes, 0.79 GB: 324.6 against 326.9; gpt-oss-120b T = 8,
+//    0.45 GB: 200.7 against 208.0; mixtral T = 16: 337.6 against 357.7). This rule takes the faster
+//    backend at all 32 a4 points of the sweep.
+//  - the bf16 variant (a16, MXFP4, a8): direct_micro while the mean touched expert has at most 4
+//    routes (it won every point at ≤ 2, and at 4 two of three: mixtral T = 16 390.9 against 474.7,
+//    qwen3 T = 64 231.9 against 250.4, gpt-oss T = 128 1112.3 against 1069.0); at 8 dynamic won
+//    (mixtral T = 32 466.0 against 588.1): the faster backend at 31 of the 32 a16 points. Session 13's
+//    line was 8.
+//  - both up to the variant's capacity (T·K = 1024 routes f16, 512 bf16); the mean touched expert's
+//    routes are T·K over min(E_local, T·K), the most experts the routes can touch.
+//  - static is not taken: at no point of session 13's sweep was it faster than dynamic by more than
+//    0.7 % (a16; a4 4–10 % slower), since both run the same GEMM core and static saves only launches.
+//  - dynamic above that on sm_90 (wgmma): faster than generic at 34 of session 13's 35 points (up
+//    to 1.4×) and 1.3–1.8× faster at T = 2048–16384 (h200-prefill-20261202-2prod.md against
+//    h200-nvfp4-a4-all-20261202.md).
 //  - generic where dynamic cannot run (not sm_90); there direct_micro keeps session 6's line of 32
 //    routes per expert (h200-crossover-20261202.md: it beat generic by 1.17–3.3× inside it).
 constexpr int64_t kDirectMicroMaxRoutes = 1024;
-int64_t direct_micro_routes_per_expert(const MoeConfig& c, bool dynamic_runs) {
-  if (!dynamic_runs) return 32;
-  return f16_operands(c) ? 4 : 8;
+
+}  // namespace
+
+bool direct_micro_preferred(const MoeConfig& c, int64_t routes, bool dynamic_runs) {
+  constexpr int64_t kAlwaysRoutes = 16;                // f16 variant, sm_90
+  constexpr int64_t kMaxTouchedBytes = int64_t{256} << 20;  // f16 variant, sm_90
+  constexpr int64_t kRoutesPerExpert = 4;              // sm_90, both variants
+  constexpr int64_t kRoutesPerExpertGeneric = 32;      // not sm_90
+  const int64_t touched_max = std::min<int64_t>(c.local_count(), routes);
+  if (!dynamic_runs) return routes <= kRoutesPerExpertGeneric * touched_max;
+  if (routes > kRoutesPerExpert * touched_max) return false;
+  if (!f16_operands(c)) return true;
+  if (routes <= kAlwaysRoutes) return true;
+  return touched_max * expert_weight_bytes(c) <= kMaxTouchedBytes;
 }
+
+namespace {
 
 class GpuRunner final : public Runner {
  public:
@@ -69,10 +90,8 @@ class GpuRunner final : public Runner {
 
   Backend select(int64_t T) const override {
     const int64_t routes = T * c_.top_k;
-    const int64_t touched_max = std::min<int64_t>(c_.local_count(), routes);
     const bool dynamic_runs = dyn_ && dynamic_supports(*dyn_, nullptr);
-    if (dm_ && routes <= kDirectMicroMaxRoutes &&
-        routes <= direct_micro_routes_per_expert(c_, dynamic_runs) * touched_max &&
+    if (dm_ && routes <= kDirectMicroMaxRoutes && direct_micro_preferred(c_, routes, dynamic_runs) &&
         direct_micro_supports(c_, T, nullptr))
       return Backend::kDirectMicro;
     if (dynamic_runs) return Backend::kDynamic;

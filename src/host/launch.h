@@ -184,6 +184,9 @@ inline constexpr int kDirectMicroTraceSlots = kDirectMicroTraceStamps + kDirectM
 // Whether direct_micro takes T = tokens: T·K within the capacity of the variant the config uses
 // (f16 for NVFP4 weights with a4 activations: 1024 routes; bf16 otherwise: 512) and E_local ≤ 1024.
 bool direct_micro_supports(const MoeConfig& c, int64_t tokens, std::string* why);
+// kAuto's choice of direct_micro for T·K = `routes` (capacity and support checked apart), from the
+// measured sweeps cited in gpu_runner.cpp; dynamic_runs: dynamic can take the call (sm_90).
+bool direct_micro_preferred(const MoeConfig& c, int64_t routes, bool dynamic_runs);
 // direct_micro's FC2 items for a call of `routes` routes (T·K): 32 output columns (wide) or 16, and
 // the CTAs that share each (parts: the workspace's fc2_parts_wide or fc2_parts, given here as parts32
 // and parts16, or 1). Depends on the routes, never on T alone (launch_direct_micro.cu says why).

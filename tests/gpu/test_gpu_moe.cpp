@@ -473,11 +473,13 @@ TEST(GpuDynamic, DeterministicInAGraphAndPickedByAutoAboveDirectMicro) {
   const MoeConfig c = make_config(64, 512, 256, 8, WeightFormat::kMXFP4, ActMode::kA16, Activation::kSwigluOai, true);
   const Problem p = testkit::make_problem({c, 500, 66});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
-  // kAuto (gpu_runner.cpp): direct_micro up to 512 routes at ≤ 8 per touched expert (the bf16
-  // variant on sm_90; 32 elsewhere), dynamic above on sm_90, generic elsewhere.
+  // kAuto (gpu_runner.cpp): direct_micro up to 512 routes at ≤ 4 per touched expert on sm_90 (the
+  // bf16 variant; here T ≤ 32), then dynamic; elsewhere ≤ 32 per touched expert (T ≤ 64), then generic.
   MoeRunner autor(c, w, {.max_tokens = 16384});
-  for (int64_t T : {1, 64}) EXPECT_EQ(autor.plan(T), Backend::kDirectMicro) << T;
-  for (int64_t T : {65, 4096, 16384}) EXPECT_EQ(autor.plan(T), device_is_sm90() ? Backend::kDynamic : Backend::kGeneric) << T;
+  const bool sm90 = device_is_sm90();
+  for (int64_t T : {1, 32}) EXPECT_EQ(autor.plan(T), Backend::kDirectMicro) << T;
+  for (int64_t T : {33, 64}) EXPECT_EQ(autor.plan(T), sm90 ? Backend::kDynamic : Backend::kDirectMicro) << T;
+  for (int64_t T : {65, 4096, 16384}) EXPECT_EQ(autor.plan(T), sm90 ? Backend::kDynamic : Backend::kGeneric) << T;
   MoeRunner r(c, w, {.max_tokens = 500, .backend = Backend::kDynamic});
   EXPECT_EQ(r.plan(500), Backend::kDynamic);
   expect_graph_replays_deterministic(p, r, 5);
@@ -640,8 +642,9 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
   MoeRunner forced16(c16, w16, {.max_tokens = 4096, .backend = Backend::kDirectMicro});
   EXPECT_EQ(forced16.plan(64), Backend::kDirectMicro);  // 512 routes
   EXPECT_ERROR(Unsupported, forced16.plan(65), "options.backend", "T·K = 65·8 = 520", "past the 512");
-  MoeRunner auto16(c16, w16, {.max_tokens = 4096});  // the bf16 variant: ≤ 8 routes per expert on sm_90
-  EXPECT_EQ(auto16.plan(64), Backend::kDirectMicro);
+  MoeRunner auto16(c16, w16, {.max_tokens = 4096});  // the bf16 variant: ≤ 4 routes per expert on sm_90
+  EXPECT_EQ(auto16.plan(32), Backend::kDirectMicro);
+  EXPECT_EQ(auto16.plan(33), sm90 ? Backend::kDynamic : Backend::kDirectMicro);
   EXPECT_NE(auto16.plan(65), Backend::kDirectMicro);
   // Forced static (sm_90): up to 4096 routes (kStaticCapacity); micro is not built.
   MoeRunner forced_static(c, w, {.max_tokens = 4096, .backend = Backend::kStatic});
