@@ -13,8 +13,8 @@
 //                      layout direct_micro reads; 512 B each) with their scale bytes (16 rows × 64 /
 //                      block), one box of 8 row tiles each (two of 4 for a gated FC1, whose tile
 //                      takes its halves from the gate and up rows). Row tiles past w_rows arrive as
-//                      the next expert's or as zeros, and their consumer warp reads a zeroed block
-//                      instead. The producer's other 127 threads have nothing to do.
+//                      the next expert's or as zeros; their output columns are never stored. The
+//                      producer's other 127 threads have nothing to do.
 //     warpgroups 1, 2  consumers: weight rows [64c, 64c + 64) of the n-tile, warp w the 16 rows
 //                      64c + 16w... Once the stage is full each lane reads its 16 bytes of codes (one
 //                      LDS.128) and its two scale words; dequantises them to A fragments
@@ -139,7 +139,6 @@ struct alignas(1024) Smem {
   alignas(16) float c[BM * kLdc];     // epilogue staging: [routed row][tile column], alpha·acc + bias
   float rw[BM];                       // FC2: the tile's router weights (router_weight)
   std::conditional_t<kF16, NoTables, FragTables> tables;  // E2M1 and scale byte → bf16x2, per lane (bf16 only)
-  alignas(16) uint4 zeros[32 + kMaxScaleBytes / 16];  // codes and scales of a row tile past w_rows (consume)
   uint64_t full[kStages];             // producer → consumers: the stage's bytes have landed
   uint64_t empty[kStages];            // consumers → producer: stage read by the tensor cores
   int aborted;                        // watchdog (mbarrier.cuh)
@@ -261,7 +260,7 @@ struct TensorMaps {
 
 // Row tile j of the n-tile (weight rows 16j..) as the maps count it: the expert's first row tile plus
 // weight_row / 16. Past w_rows (the last n-tile of a non-gated FC1 or of FC2) it names the next
-// expert's rows or rows past the tensor; the consumers read zeros for those (consume).
+// expert's rows or rows past the tensor (zeros); their output columns are never stored (consume).
 template <bool kFc1>
 __device__ __forceinline__ int map_row_tile(const MoeGemmParams& p, const TileInfo& ti, int j) {
   return ti.e * (p.w_rows / 16) + weight_row<BN>(p, kFc1, ti.y, 16 * j) / 16;
@@ -305,9 +304,9 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, const TensorMaps
 
 // Consumer warpgroup c (0 or 1): weight rows [64c, 64c + 64) of each n-tile against all BM routed
 // rows of the m-tile. Every warp takes part in every wgmma (sync.aligned); a warp whose 16 weight rows
-// are past w_rows (last n-tile of a non-gated FC1 or of FC2), whose stage slots hold the next
-// expert's rows or the tensor copy's zeros, dequantises the CTA's zeroed block instead (sm.zeros, a
-// stride of 0 through the stages).
+// are past w_rows (last n-tile of a non-gated FC1 or of FC2) dequantises what the tensor copy put in
+// its slots (the next expert's rows, or zeros past the last expert): finite values whose output
+// columns the epilogues never store (FC2 stops at H, FC1 at i_pad, in whole quantisation blocks).
 // kF16 (NVFP4 weights, NVFP4-a4 activations stored as f16): the weights become f16 A fragments by
 // bit moves and E4M3 conversions (frag_a_f16, ~18 instructions per k16 step and lane, no shared
 // loads) instead of the per-lane tables (frag_a_bf16: 6 LDS, their address IMADs and PRMTs; the
@@ -329,7 +328,6 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
   // s · stride instead of converting generic pointers and rebuilding the descriptor (~20 of a BM = 32
   // stage's ~150 instructions, NOTES session 12).
   const uint32_t w_addr0 = ptx::smem_addr(&sm.w[0][j][lane]), ws_addr0 = ptx::smem_addr(&sm.ws[0][j * 16 * sb]);
-  const uint32_t zw_addr = ptx::smem_addr(&sm.zeros[lane]), zs_addr = ptx::smem_addr(&sm.zeros[32]);
   constexpr uint32_t kWStride = sizeof(sm.w[0]), kWsStride = sizeof(sm.ws[0]);
   const uint64_t desc_base = wgmma::operand_desc_sw128(a_base, 0, 0);
   const uint64_t kDescStride = wgmma::tile_bytes(BM) >> 4;
@@ -339,23 +337,19 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = tile_info<BM>(p, w, n_tiles);
     const float rw = kFc1 ? 0.0f : router_weight(p, ti, ct);
-    // This warp's row tile: copied into the stages, or past w_rows (all 16 rows or none, w_rows % 16
-    // == 0) and read from the zeroed block at every stage.
-    const bool w_ok = weight_row_valid<BN>(p, kFc1, ti.y, 16 * j);
-    const uint32_t w_addr = w_ok ? w_addr0 : zw_addr, ws_addr = w_ok ? ws_addr0 : zs_addr;
-    const uint32_t w_stride = w_ok ? kWStride : 0, ws_stride = w_ok ? kWsStride : 0;
     // Two sets of A fragments: while stage kt - 1's MMAs run, the warpgroup dequantises stage kt into
     // the other set; wgmma_wait<1> then frees stage kt - 1's set and its stage (tile and weights).
     uint32_t a0[4][4], a1[4][4];
     auto stage = [&](int kt, uint32_t (&a)[4][4]) {
       const int s = it % kRing;
       ptx::mbar_wait(&sm.full[s], (it / kRing) & 1, wd, kWaitFull, it);
-      // A row tile past w_rows takes no branch (its addresses point at the zeros): with a branch,
-      // ptxas zeroed the 16 fragment registers before it on every stage (8 CS2R and the branch's
-      // BSSY/BSYNC/BRA: ~11 of a BM = 32 stage's ~160 instructions, NOTES session 12).
-      const uint4 codes = ptx::ld_shared_v4(w_addr + s * w_stride);  // one LDS.128
+      // A row tile past w_rows takes no branch: with one, ptxas zeroed the 16 fragment registers
+      // before it on every stage (8 CS2R and the branch's BSSY/BSYNC/BRA: ~11 of a BM = 32 stage's
+      // ~160 instructions, NOTES session 12); with a select of a zeroed block and a stride of 0, the
+      // runtime strides cost ~15 a stage (session 16).
+      const uint4 codes = ptx::ld_shared_v4(w_addr0 + s * kWStride);  // one LDS.128
       uint32_t slo, shi;
-      frag_scales_smem(ws_addr + s * ws_stride, sb, slo, shi);
+      frag_scales_smem(ws_addr0 + s * kWsStride, sb, slo, shi);
       const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
       if constexpr (kF16) {
         const F16Scales f16s = frag_scales_f16(slo, shi);
@@ -405,12 +399,10 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
 
 // A register-path CTA's start (dynamic's gemm_kernel, static's static_kernel), all threads: the
 // ring's barriers (thread 0; "full" takes the producer's one arrival with the stage's bytes), the
-// zeroed block, the bf16 variant's lookup tables, then a __syncthreads.
+// bf16 variant's lookup tables, then a __syncthreads.
 template <int BM, bool kF16>
 __device__ __forceinline__ void start_cta(Smem<BM, kF16>& sm, bool nvfp4) {
   if (threadIdx.x == 0) init_pipeline<Smem<BM, kF16>::kStages>(sm.full, sm.empty, &sm.aborted);
-  constexpr int kZeros = sizeof(sm.zeros) / sizeof(uint4);
-  if (threadIdx.x < kZeros) sm.zeros[threadIdx.x] = make_uint4(0, 0, 0, 0);
   if constexpr (!kF16) fill_frag_tables(sm.tables, nvfp4, threadIdx.x >> 5, kThreads / 32);
   __syncthreads();
 }
