@@ -12,6 +12,7 @@
 #include "fp4moe/errors.h"
 #include "fp4moe/formats.h"
 #include "reference/reference.h"
+#include "testing/normal.h"
 
 namespace fp4moe::testkit {
 
@@ -123,16 +124,15 @@ QuantizedCheckpoint per_expert_weights(const MoeConfig& c, uint64_t seed, const 
       placeholder_expert(e, expert_seed + 1, q.w2);
       return;
     }
-    std::mt19937_64 rng(expert_seed);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
+    ZigguratNormal normal(expert_seed);  // normal.h: 4.7 ns a sample against std::normal_distribution's 23
     std::vector<float> w(static_cast<size_t>(std::max(N1, H)) * std::max(H, I));
-    for (size_t i = 0; i < static_cast<size_t>(N1) * H; ++i) w[i] = s13 * normal(rng);
+    for (size_t i = 0; i < static_cast<size_t>(N1) * H; ++i) w[i] = s13 * normal();
     quantize_expert_into(w.data(), e, q.w13);
-    for (size_t i = 0; i < static_cast<size_t>(H) * I; ++i) w[i] = s2 * normal(rng);
+    for (size_t i = 0; i < static_cast<size_t>(H) * I; ++i) w[i] = s2 * normal();
     quantize_expert_into(w.data(), e, q.w2);
     if (c.has_bias) {
-      for (int n = 0; n < N1; ++n) q.b13[static_cast<size_t>(e) * N1 + n] = 0.1f * normal(rng);
-      for (int n = 0; n < H; ++n) q.b2[static_cast<size_t>(e) * H + n] = 0.1f * normal(rng);
+      for (int n = 0; n < N1; ++n) q.b13[static_cast<size_t>(e) * N1 + n] = 0.1f * normal();
+      for (int n = 0; n < H; ++n) q.b2[static_cast<size_t>(e) * H + n] = 0.1f * normal();
     }
   });
   return q;

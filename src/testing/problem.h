@@ -27,7 +27,8 @@ struct ProblemSpec {
   // How the expert weights are drawn. kSequential: from the one stream that also draws x and the
   // routing (the default; what the tests pin). kPerExpert: each expert from its own stream seeded by
   // (seed, expert), generated and quantised in parallel without a dense copy of the layer — same
-  // distributions, other values; for large layers (deepseek-v3 is 11 G weights).
+  // distributions (N(0, 1) by a ziggurat, testing/normal.h), other values; for large layers
+  // (deepseek-v3 is 11 G weights). make_layer's weights (the benches) are drawn this way.
   enum class WeightGen { kSequential, kPerExpert } weight_gen = WeightGen::kSequential;
   // kPerExpert only: experts that no route of the problem reaches get placeholder weights (random
   // codes, constant block scales, zero biases) instead of quantised normals. A correct kernel never
