@@ -100,8 +100,9 @@ std::vector<uint8_t> unswizzle_scales(const uint8_t* swizzled, int64_t rows, int
 // Validate a checkpoint against `config` and convert it to the canonical host form: linear
 // scales, [up; gate] rows, global scales filled in (1.0 where absent). Rejects NaN block scales,
 // MXFP4 blocks whose values overflow fp32 (scale 2^127 with |code| ≥ 2, 2^126 with |code| ≥ 4),
-// and global / input scales that are not finite and positive.
-QuantizedCheckpoint canonicalize(const MoeConfig& config, const CheckpointView& checkpoint);
+// and global / input scales that are not finite and positive. Runs on up to `threads` host threads,
+// one expert at a time (0: all hardware threads); the error, if any, is the lowest expert's first.
+QuantizedCheckpoint canonicalize(const MoeConfig& config, const CheckpointView& checkpoint, int threads = 0);
 
 struct PrepareOptions {
   int device = -1;             // -1: host (reference backend); >= 0: this CUDA device

@@ -33,7 +33,7 @@ PreparedWeights prepare_weights(const MoeConfig& config, const CheckpointView& c
   auto impl = std::make_shared<PreparedWeights::Impl>();
   impl->config = config;
   impl->device = options.device;
-  QuantizedCheckpoint canonical = canonicalize(config, checkpoint);  // validates config too
+  QuantizedCheckpoint canonical = canonicalize(config, checkpoint, options.host_threads);  // validates config too
   if (options.device >= 0) impl->dev = gpu::upload_weights(config, canonical, options.device, options.host_threads);
   if (options.device < 0 || options.keep_host_copy) impl->host = std::move(canonical);
   return PreparedWeights(std::move(impl));

@@ -2,7 +2,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <vector>
 
+#include "common/parallel_for.h"
 #include "fp4moe/errors.h"
 #include "fp4moe/formats.h"
 #include "fp4moe/weights.h"
@@ -37,7 +40,7 @@ void require_positive_finite(const float* v, int n, const char* name) {
 
 // Validate and canonicalise one projection: scales to linear, rows reordered through `row_of`.
 QuantizedProjection canonical_projection(const ProjectionView& v, const char* name, int experts, int rows,
-                                         int cols, WeightFormat format, const auto& row_of) {
+                                         int cols, WeightFormat format, const auto& row_of, int threads) {
   const std::string packed_name = std::string(name) + ".packed";
   const std::string scales_name = std::string(name) + ".scales";
   FP4MOE_REQUIRE(v.packed != nullptr, InvalidArgument, packed_name, "is null");
@@ -56,7 +59,9 @@ QuantizedProjection canonical_projection(const ProjectionView& v, const char* na
   p.packed.resize(static_cast<size_t>(experts) * rows * row_bytes);
   p.scales.resize(static_cast<size_t>(experts) * rows * sc);
   if (format == WeightFormat::kNVFP4) p.global_scale.assign(experts, 1.0f);
-  for (int e = 0; e < experts; ++e) {
+  // One expert a task (a DeepSeek-V3 layer's 5.6 GB took seconds on one thread); a task's error is
+  // kept and the lowest expert's rethrown after, so the message is the one a serial pass gives.
+  auto copy_expert = [&](int e) {
     if (format == WeightFormat::kNVFP4 && v.global_scale) p.global_scale[e] = v.global_scale[e];
     const uint8_t* src_scales = v.scales + e * src_slab;
     for (int n = 0; n < rows; ++n) {
@@ -85,7 +90,17 @@ QuantizedProjection canonical_projection(const ProjectionView& v, const char* na
         }
       }
     }
-  }
+  };
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(experts));
+  parallel_for(experts, threads, [&](int64_t e) {
+    try {
+      copy_expert(static_cast<int>(e));
+    } catch (...) {
+      errors[static_cast<size_t>(e)] = std::current_exception();
+    }
+  });
+  for (const std::exception_ptr& err : errors)
+    if (err) std::rethrow_exception(err);
   return p;
 }
 
@@ -199,7 +214,9 @@ QuantizedCheckpoint quantize_checkpoint(const MoeConfig& config, const float* w1
   return q;
 }
 
-QuantizedCheckpoint canonicalize(const MoeConfig& config, const CheckpointView& ck) {
+QuantizedCheckpoint canonicalize(const MoeConfig& config, const CheckpointView& ck, int threads) {
+  FP4MOE_REQUIRE(threads >= 0, InvalidArgument, "threads", "must be 0 (all hardware threads) or a positive count, got ",
+                 threads);
   config.validate();
   const int EL = config.local_count(), H = config.hidden, I = config.intermediate, N1 = config.fc1_rows();
   if (!config.gated())
@@ -208,8 +225,9 @@ QuantizedCheckpoint canonicalize(const MoeConfig& config, const CheckpointView& 
   const GateUpLayout gu = config.gated() ? ck.gate_up : GateUpLayout::kUpGate;
   QuantizedCheckpoint c;
   c.gate_up = GateUpLayout::kUpGate;
-  c.w13 = canonical_projection(ck.w13, "w13", EL, N1, H, config.format, [&](int n) { return source_row(gu, n, I); });
-  c.w2 = canonical_projection(ck.w2, "w2", EL, H, I, config.format, [](int n) { return n; });
+  c.w13 = canonical_projection(ck.w13, "w13", EL, N1, H, config.format, [&](int n) { return source_row(gu, n, I); },
+                               threads);
+  c.w2 = canonical_projection(ck.w2, "w2", EL, H, I, config.format, [](int n) { return n; }, threads);
   if (config.needs_input_scales()) {
     FP4MOE_REQUIRE(ck.fc1_input_scale != nullptr, InvalidArgument, "fc1_input_scale",
                    "is required for nvfp4-a4 (the FC1 input's decode global scale, one per local expert)");
