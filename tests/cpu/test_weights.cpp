@@ -454,6 +454,26 @@ TEST(CanonicalizeRejects, NaNE4M3BlockScale) {
   EXPECT_NO_THROW(canonicalize(c, ck.view()));
 }
 
+// On several threads (one expert a task) the error is still the lowest expert's first: NaN scales in
+// experts 1 and 0 report expert 0's, whatever the thread count; a negative count is refused by name.
+TEST(CanonicalizeRejects, LowestExpertsErrorOnAnyThreadCount) {
+  const MoeConfig c = small_config(WeightFormat::kNVFP4);
+  const Dense d = make_dense(c, 1);
+  auto ck = checkpoint_in(d, GateUpLayout::kUpGate, ScaleLayout::kLinear);
+  ck.w13.scales[(1 * 64 + 5) * 4 + 2] = 0x7F;  // expert 1, row 5, block 2
+  ck.w13.scales[(0 * 64 + 9) * 4 + 1] = 0x7F;  // expert 0, row 9, block 1
+  for (int threads : {1, 2, 8, 0})
+    EXPECT_ERROR(InvalidArgument, canonicalize(c, ck.view(), threads), "w13.scales", "NaN", "expert 0", "row 9",
+                 "block 1");
+  const auto ok = checkpoint_in(d, GateUpLayout::kUpGate, ScaleLayout::kLinear);
+  EXPECT_ERROR(InvalidArgument, canonicalize(c, ok.view(), -1), "threads", "-1");
+  const QuantizedCheckpoint one = canonicalize(c, ok.view(), 1), many = canonicalize(c, ok.view(), 8);
+  EXPECT_EQ(one.w13.packed, many.w13.packed);
+  EXPECT_EQ(one.w13.scales, many.w13.scales);
+  EXPECT_EQ(one.w2.packed, many.w2.packed);
+  EXPECT_EQ(one.w2.scales, many.w2.scales);
+}
+
 TEST(CanonicalizeRejects, NaNUE8M0BlockScale) {
   const MoeConfig c = small_config(WeightFormat::kMXFP4);
   const Dense d = make_dense(c, 2);
