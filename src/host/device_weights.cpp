@@ -18,19 +18,30 @@ int round_up(int v, int m) { return (v + m - 1) / m * m; }
 // Copy one canonical projection into [E][rows_pad][k_pad/2] codes and [E][rows_pad][k_pad/bs]
 // scales, experts on up to `threads` host threads. row_of(r) maps a padded row to its canonical row,
 // or -1 for a padding row.
-void pad_projection(const QuantizedProjection& p, int rows_pad, int k_pad, const auto& row_of,
-                    std::vector<uint8_t>& codes, std::vector<uint8_t>& scales, int threads) {
+// Every byte is written here (padding rows and columns as zeros), by the expert's task: the staging
+// buffers come uninitialised (StagingBytes).
+void pad_projection(const QuantizedProjection& p, int rows_pad, int k_pad, const auto& row_of, StagingBytes& codes,
+                    StagingBytes& scales, int threads) {
   const int bs = p.block();
   const int64_t src_cb = p.cols / 2, dst_cb = k_pad / 2, src_sc = p.cols / bs, dst_sc = k_pad / bs;
-  codes.assign(static_cast<size_t>(p.experts) * rows_pad * dst_cb, 0);
-  scales.assign(static_cast<size_t>(p.experts) * rows_pad * dst_sc, 0);
+  codes.resize(static_cast<size_t>(p.experts) * rows_pad * dst_cb);
+  scales.resize(static_cast<size_t>(p.experts) * rows_pad * dst_sc);
   parallel_for(p.experts, threads, [&](int64_t e) {
     for (int r = 0; r < rows_pad; ++r) {
       const int s = row_of(r);
-      if (s < 0) continue;
-      const int64_t src = e * p.rows + s, dst = e * rows_pad + r;
-      std::memcpy(&codes[dst * dst_cb], &p.packed[src * src_cb], src_cb);
-      std::memcpy(&scales[dst * dst_sc], &p.scales[src * src_sc], src_sc);
+      const int64_t dst = e * rows_pad + r;
+      uint8_t* dc = &codes[dst * dst_cb];
+      uint8_t* ds = &scales[dst * dst_sc];
+      if (s < 0) {
+        std::memset(dc, 0, dst_cb);
+        std::memset(ds, 0, dst_sc);
+        continue;
+      }
+      const int64_t src = e * p.rows + s;
+      std::memcpy(dc, &p.packed[src * src_cb], src_cb);
+      std::memset(dc + src_cb, 0, dst_cb - src_cb);
+      std::memcpy(ds, &p.scales[src * src_sc], src_sc);
+      std::memset(ds + src_sc, 0, dst_sc - src_sc);
     }
   });
 }
@@ -43,13 +54,17 @@ DeviceBuffer upload(const void* host, size_t bytes, const char* what) {
 
 }  // namespace
 
-void to_fragment_order(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales, int experts, int rows,
-                       int k, int bs, std::vector<uint8_t>& fcodes, std::vector<uint8_t>& fscales, bool f16_words,
-                       int threads) {
+namespace {
+
+// Both overloads: every byte of fcodes and fscales is written (a permutation of the tiles' bytes),
+// so resize's value-initialisation (std::vector) or its absence (StagingBytes) does not show.
+template <class Bytes>
+void fragment_order(const Bytes& codes, const Bytes& scales, int experts, int rows, int k, int bs, Bytes& fcodes,
+                    Bytes& fscales, bool f16_words, int threads) {
   const int RT = rows / 16, KT = k / 64, sb = 64 / bs;
   const int64_t row_bytes = k / 2;
-  fcodes.assign(codes.size(), 0);
-  fscales.assign(scales.size(), 0);
+  fcodes.resize(codes.size());
+  fscales.resize(scales.size());
   // Byte i of a tile (lane i / 16, word (i / 4) % 4, byte i % 4) comes from row src.row and code byte
   // src.k / 2 of the tile's 16 × 64 block: one table of source offsets for every tile.
   int32_t from[512];
@@ -82,6 +97,18 @@ void to_fragment_order(const std::vector<uint8_t>& codes, const std::vector<uint
   });
 }
 
+}  // namespace
+
+void to_fragment_order(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales, int experts, int rows,
+                       int k, int bs, std::vector<uint8_t>& fcodes, std::vector<uint8_t>& fscales, bool f16_words,
+                       int threads) {
+  fragment_order(codes, scales, experts, rows, k, bs, fcodes, fscales, f16_words, threads);
+}
+void to_fragment_order(const StagingBytes& codes, const StagingBytes& scales, int experts, int rows, int k, int bs,
+                       StagingBytes& fcodes, StagingBytes& fscales, bool f16_words, int threads) {
+  fragment_order(codes, scales, experts, rows, k, bs, fcodes, fscales, f16_words, threads);
+}
+
 std::shared_ptr<const DeviceWeights> upload_weights(const MoeConfig& c, const QuantizedCheckpoint& w, int device, int threads) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
@@ -103,14 +130,14 @@ std::shared_ptr<const DeviceWeights> upload_weights(const MoeConfig& c, const Qu
   d->n1_pad = c.gated() ? 2 * d->i_pad : d->i_pad;
   const int ip = d->i_pad;
 
-  std::vector<uint8_t> codes, scales;
+  StagingBytes codes, scales;
   // W13: up rows [0, I) → [0, I); gate rows [I, 2I) → [i_pad, i_pad + I).
   auto w13_row = [&](int r) -> int {
     const int half = r / ip, i = r % ip;
     if (i >= I) return -1;
     return half * I + i;
   };
-  std::vector<uint8_t> fcodes, fscales;
+  StagingBytes fcodes, fscales;
   const int bs = w.w13.block();
   pad_projection(w.w13, d->n1_pad, d->h_pad, w13_row, codes, scales, threads);
   d->f16_words = f16_operands(c);

@@ -9,6 +9,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <new>
+#include <utility>
 #include <vector>
 
 #include "fp4moe/config.h"
@@ -40,6 +43,28 @@ struct DeviceWeights {
   size_t bytes = 0;      // total device bytes
 };
 
+// Host bytes whose resize leaves new elements uninitialised (default-initialised uint8_t): the
+// staging buffers of upload_weights, which the parallel repacking writes in full, so their pages
+// are first touched by the repacking's threads instead of zero-filled on one (a DeepSeek-V3 layer's
+// two 3.8 GB staging buffers took seconds that way; 0.8 s/GB on session 17's build machine).
+template <class T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  using std::allocator<T>::allocator;
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using StagingBytes = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
+
 // [E][rows][k/2] codes + [E][rows][k/bs] scales (rows % 16 == 0, k % 64 == 0) → the fragment order
 // above (fcodes, fscales); f16_words: each code word as kernels::f16_word_from_standard. Runs on up
 // to `threads` host threads (0: all), one (expert, row tile) at a time: a DeepSeek-V3 layer's 5.6 GB
@@ -47,6 +72,9 @@ struct DeviceWeights {
 void to_fragment_order(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales, int experts, int rows,
                        int k, int bs, std::vector<uint8_t>& fcodes, std::vector<uint8_t>& fscales,
                        bool f16_words = false, int threads = 0);
+// The same from and into staging buffers (upload_weights): every output byte is written once.
+void to_fragment_order(const StagingBytes& codes, const StagingBytes& scales, int experts, int rows, int k, int bs,
+                       StagingBytes& fcodes, StagingBytes& fscales, bool f16_words = false, int threads = 0);
 
 // Padding granularity of H and I in the device layouts (the generic GEMM's tile sizes).
 inline constexpr int kPadH = 64;
