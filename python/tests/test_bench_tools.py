@@ -51,3 +51,27 @@ def test_prefill_compares_each_mode_with_peers_of_its_precision(tmp_path):
     assert "363.5 (triton_kernels_mxfp4)" in lines["a4"] and "| faster |" in lines["a4"]
     assert "243.7 (vllm_fp8)" in lines["a8"] and "| slower |" in lines["a8"]
     assert said.endswith("2 rows, 2 meet the efficiency bar, 1 the whole bar"), said
+
+
+def test_sweep_tables_backends_side_by_side(tmp_path):
+    def forced(model, tokens, backend, time_us, E, K):
+        r = row(model, "a4", tokens, time_us, 40.0, {})
+        r.update(backend=backend, E=E, K=K)
+        return r
+    rows = [
+        forced("qwen3-30b-a3b", 8, "direct_micro", 83.6, 128, 8),
+        forced("qwen3-30b-a3b", 8, "dynamic", 90.4, 128, 8),
+        forced("mixtral-8x7b", 16, "direct_micro", 357.7, 8, 2),
+        forced("mixtral-8x7b", 16, "dynamic (register path)", 337.6, 8, 2),
+        forced("mixtral-8x7b", 32, "dynamic", 335.6, 8, 2),  # direct_micro missing: shown as —
+    ]
+    src = tmp_path / "sweep.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in [{"type": "run", "run": "t"}, *rows]) + "\n")
+    done = subprocess.run([sys.executable, str(BENCH / "sweep.py"), str(src)], capture_output=True, text=True,
+                          check=True)
+    lines = {tuple(c.strip() for c in l.split("|")[1:4]): l for l in done.stdout.splitlines() if l.startswith("| ")}
+    # per expert: T·K over min(E, T·K): 64 / 64 = 1 for qwen3 T = 8, 32 / 8 = 4 for mixtral T = 16
+    assert "| 1 | 83.6 | 90.4 | direct_micro |" in lines[("qwen3-30b-a3b", "a4", "8")]
+    assert "| 4 | 357.7 | 337.6 | dynamic |" in lines[("mixtral-8x7b", "a4", "16")]
+    assert "| — | 335.6 | dynamic |" in lines[("mixtral-8x7b", "a4", "32")]
+    assert "Fastest: direct_micro 1, dynamic 2 of 3 points." in done.stdout
