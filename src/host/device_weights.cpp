@@ -13,8 +13,6 @@
 namespace fp4moe::gpu {
 namespace {
 
-int round_up(int v, int m) { return (v + m - 1) / m * m; }
-
 // Copy one canonical projection into [E][rows_pad][k_pad/2] codes and [E][rows_pad][k_pad/bs]
 // scales, experts on up to `threads` host threads. row_of(r) maps a padded row to its canonical row,
 // or -1 for a padding row.
@@ -125,9 +123,8 @@ std::shared_ptr<const DeviceWeights> upload_weights(const MoeConfig& c, const Qu
   d->config = c;
   d->device = device;
   const int EL = c.local_count(), I = c.intermediate;
-  d->h_pad = round_up(c.hidden, kPadH);
-  d->i_pad = round_up(I, kPadI);
-  d->n1_pad = c.gated() ? 2 * d->i_pad : d->i_pad;
+  const PaddedDims dims = padded_dims(c);
+  d->h_pad = dims.h_pad, d->i_pad = dims.i_pad, d->n1_pad = dims.n1_pad;
   const int ip = d->i_pad;
 
   StagingBytes codes, scales;

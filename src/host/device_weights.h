@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <memory>
 #include <new>
-#include <utility>
 #include <vector>
 
 #include "fp4moe/config.h"
@@ -47,20 +46,14 @@ struct DeviceWeights {
 // staging buffers of upload_weights, which the parallel repacking writes in full, so their pages
 // are first touched by the repacking's threads instead of zero-filled on one (a DeepSeek-V3 layer's
 // two 3.8 GB staging buffers took seconds that way; 0.8 s/GB on session 17's build machine).
+// Only construction without arguments is overridden; std::allocator_traits constructs from
+// arguments (copies, fills) with std::construct_at and rebinds the template itself.
 template <class T>
 struct DefaultInitAllocator : std::allocator<T> {
-  template <class U>
-  struct rebind {
-    using other = DefaultInitAllocator<U>;
-  };
   using std::allocator<T>::allocator;
   template <class U>
   void construct(U* p) noexcept {
     ::new (static_cast<void*>(p)) U;
-  }
-  template <class U, class... Args>
-  void construct(U* p, Args&&... args) {
-    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
   }
 };
 using StagingBytes = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
@@ -80,12 +73,20 @@ void to_fragment_order(const StagingBytes& codes, const StagingBytes& scales, in
 inline constexpr int kPadH = 64;
 inline constexpr int kPadI = 64;
 
+// The padded dimensions of the layout above (DeviceWeights::h_pad, i_pad, n1_pad), from the config.
+struct PaddedDims {
+  int h_pad, i_pad, n1_pad;
+};
+inline PaddedDims padded_dims(const MoeConfig& c) {
+  const int h_pad = (c.hidden + kPadH - 1) / kPadH * kPadH, i_pad = (c.intermediate + kPadI - 1) / kPadI * kPadI;
+  return {h_pad, i_pad, c.gated() ? 2 * i_pad : i_pad};
+}
+
 // One local expert's bytes in the layout above (FC1 and FC2 codes and block scales): what a call
 // streams per touched expert.
 inline int64_t expert_weight_bytes(const MoeConfig& c) {
-  const int64_t h_pad = (c.hidden + kPadH - 1) / kPadH * kPadH, i_pad = (c.intermediate + kPadI - 1) / kPadI * kPadI;
-  const int64_t n1_pad = c.gated() ? 2 * i_pad : i_pad;
-  const int64_t elems = n1_pad * h_pad + h_pad * i_pad;
+  const PaddedDims d = padded_dims(c);
+  const int64_t elems = (int64_t{d.n1_pad} + d.i_pad) * d.h_pad;
   return elems / 2 + elems / c.weight_block();
 }
 
