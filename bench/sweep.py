@@ -45,11 +45,11 @@ def main():
         have = {b: t for b, t in times.items() if t is not None}
         best = min(have, key=have.get)
         wins[best] += 1
-        pe = per_expert.get(key)
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {pe:.3g} | " if pe is not None else f"| {key[0]} | {key[1]} | {key[2]} | ? | ")
-        lines[-1] += " | ".join(f"{times[b]:.1f}" if times[b] is not None else "—" for b in backends)
-        fl = floors.get(key)
-        lines[-1] += f" | {best} | {fl:.1f} |" if fl is not None else f" | {best} | — |"
+        pe, fl = per_expert.get(key), floors.get(key)
+        cells_of_row = [key[0], key[1], str(key[2]), f"{pe:.3g}" if pe is not None else "?"]
+        cells_of_row += [f"{times[b]:.1f}" if times[b] is not None else "—" for b in backends]
+        cells_of_row += [best, f"{fl:.1f}" if fl is not None else "—"]
+        lines.append("| " + " | ".join(cells_of_row) + " |")
     lines.append("")
     lines.append("Fastest: " + ", ".join(f"{b} {n}" for b, n in wins.items()) + f" of {len(keys)} points.")
     text = "\n".join(lines) + "\n"
