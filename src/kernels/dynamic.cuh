@@ -88,17 +88,20 @@ inline constexpr int kThreads = kWarpgroup * (1 + kConsumers);
 // Pipeline stages per m-tile width: about as many as shared memory holds beside the staging and the
 // tables (each stage: the BM × 64 activation tile and 4.5 KB of packed weights), all of them in
 // flight (produce). Why: the weights stream from HBM through the stages alone; HBM needs ~50 KB per
-// SM in flight. The f16 variant at BM = 32 instead runs two CTAs per SM (kCtasPerSm), each with 8
-// stages.
+// SM in flight. At BM = 32 both variants instead run two CTAs per SM (kCtasPerSm): the f16 one with 8
+// stages each, the bf16 one with 6 (its 40 KB of lookup tables leave room for no more: 2 × ~110 KB).
 template <int BM, bool kF16 = false>
-inline constexpr int kStagesOf = BM == 32 ? (kF16 ? 8 : 16) : (BM == 64 ? 10 : 5);
-// CTAs per SM. Why two for the f16 variant at BM = 32: its consumers were issue-idle 59 % of the
-// cycles with 2 warps per scheduler, each warp's stage a chain (full wait → codes → ~80 dependent ALU
+inline constexpr int kStagesOf = BM == 32 ? (kF16 ? 8 : 6) : (BM == 64 ? 10 : 5);
+// CTAs per SM. Why two at BM = 32: the f16 variant's consumers were issue-idle 59 % of the cycles
+// with 2 warps per scheduler, each warp's stage a chain (full wait → codes → ~80 dependent ALU
 // instructions → 4 wgmma → wait for the previous group), and the f16 variant's instruction cut barely
-// moved the time (NOTES session 11). It needs no lookup tables and 16 accumulators, so a second CTA
-// fits: ~85 KB of shared memory and 104 registers per consumer thread.
+// moved the time (NOTES session 11); a second CTA (16 accumulators, ~85 KB of shared memory) took
+// −24 to −27 % (session 12). The bf16 variant's stage is the same chain with table loads in it; with
+// 6 stages a second CTA fits beside its tables (ptxas: 80 registers, FC1 spills 20 bytes outside the
+// hot loop but one reload a stage pair, FC2 none): −14 to −24 % at 11 of 12 a16 points, T = 16…512
+// (H100, bench/results/h100-decode-20261205-s18-b2-ab.md; qwen3-30b-a3b T = 512, at 64 rows, ±0).
 template <int BM, bool kF16>
-inline constexpr int kCtasPerSm = kF16 && BM == 32 ? 2 : 1;
+inline constexpr int kCtasPerSm = BM == 32 ? 2 : 1;
 // Registers per thread. At launch: what __launch_bounds__ leaves each of kThreads × kCtasPerSm
 // threads, in the allocation's units of 8 (168 for one CTA, 80 for two; the host checks ptxas agreed,
 // dynamic_gemm_opt_in). Then setmaxnreg moves them within the CTA's pool (SETMAXREG .CTAPOOL): the
@@ -150,8 +153,9 @@ static_assert(smem_bytes<32, false> <= 227 * 1024 && smem_bytes<64, false> <= 22
                   smem_bytes<128, false> <= 227 * 1024 && smem_bytes<128, true> <= 227 * 1024,
               "past the sm_90 opt-in shared memory per CTA");
 // sm_90: 228 KB of shared memory per SM, of which the hardware reserves 1 KB per CTA.
-static_assert(kCtasPerSm<32, true> * (smem_bytes<32, true> + 1024) <= 228 * 1024,
-              "the f16 variant's two CTAs per SM no longer fit the shared memory");
+static_assert(kCtasPerSm<32, true> * (smem_bytes<32, true> + 1024) <= 228 * 1024 &&
+                  kCtasPerSm<32, false> * (smem_bytes<32, false> + 1024) <= 228 * 1024,
+              "the two CTAs per SM at BM = 32 no longer fit the shared memory");
 // A kernel's shared-memory struct in its dynamic shared memory, aligned up to kSmemAlign (the
 // register path's Smem here, the bf16 path's in dynamic_bf16.cuh; each launch asks for kSmemAlign more).
 template <class SmemT>

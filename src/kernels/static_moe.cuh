@@ -18,7 +18,7 @@
 // results are theirs bit for bit (same rows, same summation order), and deterministic.
 //
 // Registers: phases 0 and 1 run on all 384 threads with the launch's allocation (kLaunchRegs: 168,
-// or 80 for the f16 variant's two CTAs per SM); then the producer gives registers back to 40 and the
+// or 80 for the two CTAs per SM at 32-row m-tiles); then the producer gives registers back to 40 and the
 // consumers take them (setmaxnreg, as dynamic's gemm_kernel), and phase 4 runs on the consumers.
 #pragma once
 
