@@ -9,10 +9,11 @@
 namespace fp4moe::gpu {
 namespace {
 
-// kAuto on sm_90, from session 17's sweep (bench/results/h100-decode-sweep-20261205-s17.md: qwen3-30b-a3b,
-// gpt-oss-120b, mixtral-8x7b, deepseek-v3 at T = 1…128, a4 and a16, direct_micro and dynamic forced on
-// the same inputs; on an H100, the card lent that session), after session 16's tensor-copy producer
-// made dynamic's register path ~21 % faster than session 13's sweep (h200-decode-sweep-20261203-s13.md)
+// kAuto on sm_90, from session 17's sweep for a4 (bench/results/h100-decode-sweep-20261205-s17.md:
+// qwen3-30b-a3b, gpt-oss-120b, mixtral-8x7b, deepseek-v3 at T = 1…128, a4 and a16, direct_micro and
+// dynamic forced on the same inputs) and session 18's for a16 (…-s18-a16.md, the same shapes and
+// seed), both on an H100, the card lent those sessions. Session 16's tensor-copy producer had made
+// dynamic's register path ~21 % faster than session 13's sweep (h200-decode-sweep-20261203-s13.md)
 // measured it:
 //  - the f16 variant (NVFP4-a4): direct_micro while T·K ≤ 16 routes, or while the touched experts'
 //    weights (min(E_local, T·K) experts) are at most 256 MB and the mean touched expert has at most 4
@@ -25,11 +26,16 @@ namespace {
 //    is the faster one (deepseek-v3 T = 4, 32 routes, 0.79 GB: 324.6 against 326.9; gpt-oss-120b T = 8,
 //    0.45 GB: 200.7 against 208.0; mixtral T = 16: 337.6 against 357.7). This rule takes the faster
 //    backend at all 32 a4 points of the sweep.
-//  - the bf16 variant (a16, MXFP4, a8): direct_micro while the mean touched expert has at most 4
-//    routes (it won every point at ≤ 2, and at 4 two of three: mixtral T = 16 390.9 against 474.7,
-//    qwen3 T = 64 231.9 against 250.4, gpt-oss T = 128 1112.3 against 1069.0); at 8 dynamic won
-//    (mixtral T = 32 466.0 against 588.1): the faster backend at 31 of the 32 a16 points. Session 13's
-//    line was 8.
+//  - the bf16 variant (a16, MXFP4, a8), re-read after it took two CTAs per SM at 32-row m-tiles
+//    (session 18, −14 to −24 % on dynamic's a16 rows; h100-decode-sweep-20261205-s18-a16.md):
+//    direct_micro while T·K ≤ 4 routes, or while the touched experts' weights are at most 200 MiB,
+//    and in both cases at most 4 routes per touched expert. It won at ≤ 4 routes whatever the bytes
+//    (mixtral-8x7b T = 2, 0.4 GB: 201.4 against 244.1 µs) and below ~190 MiB (deepseek-v3 T = 1,
+//    8 × 23.6 MiB: 113.9 against 122.0; qwen3-30b-a3b T = 8, 162 MiB: 95.9 against 102.6); past
+//    ~210 MiB dynamic won (gpt-oss-120b T = 4, 214 MiB: 138.8 against 144.6; mixtral T = 4: 311.9
+//    against 322.9). The faster backend at 31 of the 32 a16 points; the miss is deepseek-v3 T = 2
+//    (16 routes, 378 MiB: dynamic 208.3 against 204.4, +1.9 %). Session 17's line (4 routes per
+//    expert alone) would take direct_micro at 17 of these points, where dynamic is faster by 1–36 %.
 //  - both up to the variant's capacity (T·K = 1024 routes f16, 512 bf16); the mean touched expert's
 //    routes are T·K over min(E_local, T·K), the most experts the routes can touch.
 //  - static is not taken: at no point of session 13's sweep was it faster than dynamic by more than
@@ -44,16 +50,16 @@ constexpr int64_t kDirectMicroMaxRoutes = 1024;
 }  // namespace
 
 bool direct_micro_preferred(const MoeConfig& c, int64_t routes, bool dynamic_runs) {
-  constexpr int64_t kAlwaysRoutes = 16;                // f16 variant, sm_90
-  constexpr int64_t kMaxTouchedBytes = int64_t{256} << 20;  // f16 variant, sm_90
   constexpr int64_t kRoutesPerExpert = 4;              // sm_90, both variants
   constexpr int64_t kRoutesPerExpertGeneric = 32;      // not sm_90
+  const bool f16 = f16_operands(c);
+  const int64_t always_routes = f16 ? 16 : 4;
+  const int64_t max_touched_bytes = (f16 ? int64_t{256} : int64_t{200}) << 20;
   const int64_t touched_max = std::min<int64_t>(c.local_count(), routes);
   if (!dynamic_runs) return routes <= kRoutesPerExpertGeneric * touched_max;
   if (routes > kRoutesPerExpert * touched_max) return false;
-  if (!f16_operands(c)) return true;
-  if (routes <= kAlwaysRoutes) return true;
-  return touched_max * expert_weight_bytes(c) <= kMaxTouchedBytes;
+  if (routes <= always_routes) return true;
+  return touched_max * expert_weight_bytes(c) <= max_touched_bytes;
 }
 
 namespace {

@@ -1,7 +1,8 @@
-// kAuto's direct_micro / dynamic line (gpu_runner.cpp) against the sweep it was read from
-// (bench/results/h100-decode-sweep-20261205-s17.md): for each named shape it measured, the backend
-// the rule takes at each T must be the one that was faster there, save the one a16 point the rule
-// gives up (gpt-oss-120b T = 128, 4 % slower). No GPU needed: the rule is host arithmetic.
+// kAuto's direct_micro / dynamic line (gpu_runner.cpp) against the sweeps it was read from
+// (bench/results/h100-decode-sweep-20261205-s17.md for a4, …-s18-a16.md for a16): for each named
+// shape they measured, the backend the rule takes at each T must be the one that was faster there,
+// save the one a16 point the rule gives up (deepseek-v3 T = 2, 1.9 % slower). No GPU needed: the rule
+// is host arithmetic.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -46,9 +47,13 @@ TEST(Dispatch, DirectMicroLineFollowsTheSweep) {
       {"gpt-oss-120b", ActMode::kA4, 4, true},     {"gpt-oss-120b", ActMode::kA4, 8, false},
       {"gpt-oss-120b", ActMode::kA4, 64, false},   {"mixtral-8x7b", ActMode::kA4, 1, true},
       {"mixtral-8x7b", ActMode::kA4, 8, true},     {"mixtral-8x7b", ActMode::kA4, 16, false},
-      {"mixtral-8x7b", ActMode::kA4, 128, false},  {"qwen3-30b-a3b", ActMode::kA16, 64, true},
-      {"deepseek-v3", ActMode::kA16, 64, true},    {"gpt-oss-120b", ActMode::kA16, 64, true},
-      {"mixtral-8x7b", ActMode::kA16, 16, true},   {"mixtral-8x7b", ActMode::kA16, 32, false},
+      {"mixtral-8x7b", ActMode::kA4, 128, false},  {"qwen3-30b-a3b", ActMode::kA16, 1, true},
+      {"qwen3-30b-a3b", ActMode::kA16, 8, true},   {"qwen3-30b-a3b", ActMode::kA16, 16, false},
+      {"qwen3-30b-a3b", ActMode::kA16, 64, false}, {"deepseek-v3", ActMode::kA16, 1, true},
+      {"deepseek-v3", ActMode::kA16, 4, false},    {"deepseek-v3", ActMode::kA16, 64, false},
+      {"gpt-oss-120b", ActMode::kA16, 2, true},    {"gpt-oss-120b", ActMode::kA16, 4, false},
+      {"gpt-oss-120b", ActMode::kA16, 128, false}, {"mixtral-8x7b", ActMode::kA16, 2, true},
+      {"mixtral-8x7b", ActMode::kA16, 4, false},   {"mixtral-8x7b", ActMode::kA16, 16, false},
       {"mixtral-8x7b", ActMode::kA16, 128, false},
   };
   for (const SweepPoint& p : sweep) {
@@ -73,15 +78,21 @@ TEST(Dispatch, DirectMicroLineArithmetic) {
   // Without dynamic (not sm_90): 32 routes per touched expert.
   EXPECT_TRUE(gpu::direct_micro_preferred(c, 256, false));
   EXPECT_FALSE(gpu::direct_micro_preferred(c, 257, false));
-  // The bf16 variant (a16): 4 per touched expert, no byte line.
+  // The bf16 variant (a16): ≤ 4 routes always (mixtral-8x7b T = 2: 4 routes, 378 MiB), then ≤ 200 MiB
+  // of touched weights (deepseek-v3: 23.6 MiB an expert, so 8 experts pass and 9 do not), and never
+  // past 4 routes per touched expert.
+  MoeConfig m = shape_config("mixtral-8x7b", ActMode::kA16);
+  EXPECT_TRUE(gpu::direct_micro_preferred(m, 4, true));
+  EXPECT_FALSE(gpu::direct_micro_preferred(m, 5, true));
   MoeConfig d = shape_config("deepseek-v3", ActMode::kA16);
-  EXPECT_TRUE(gpu::direct_micro_preferred(d, 256, true));
-  EXPECT_TRUE(gpu::direct_micro_preferred(d, 1024, true));
-  EXPECT_FALSE(gpu::direct_micro_preferred(d, 1025, true));
-  // The local expert range bounds the touched experts.
-  d.local_expert_count = 16;
-  EXPECT_TRUE(gpu::direct_micro_preferred(d, 64, true));
-  EXPECT_FALSE(gpu::direct_micro_preferred(d, 65, true));
+  EXPECT_EQ(gpu::expert_weight_bytes(d), (int64_t{4096} * 7168 + 7168 * 2048) * 9 / 16);
+  EXPECT_TRUE(gpu::direct_micro_preferred(d, 8, true));
+  EXPECT_FALSE(gpu::direct_micro_preferred(d, 9, true));
+  // The local expert range bounds the touched experts: 8 local experts hold 189 MiB, so every count
+  // up to 4 per expert passes.
+  d.local_expert_count = 8;
+  EXPECT_TRUE(gpu::direct_micro_preferred(d, 32, true));
+  EXPECT_FALSE(gpu::direct_micro_preferred(d, 33, true));
 }
 
 }  // namespace
