@@ -1,8 +1,9 @@
 // kAuto's direct_micro / dynamic line (gpu_runner.cpp) against the sweeps it was read from
-// (bench/results/h100-decode-sweep-20261205-s17.md for a4, …-s18-a16.md for a16): for each named
-// shape they measured, the backend the rule takes at each T must be the one that was faster there,
-// save the one a16 point the rule gives up (deepseek-v3 T = 2, 1.9 % slower). No GPU needed: the rule
-// is host arithmetic.
+// (bench/results/h100-decode-sweep-20261205-s17.md for a4, …-s18-a16.md for a16, …-s18-llama4-qwen235.md
+// for the other two shapes): for each named shape they measured, the backend the rule takes at each T
+// must be the one that was faster there, save the points the rule gives up (deepseek-v3 a16 T = 2,
+// qwen3-235b-a22b a4 and a16 T = 4: 1.9–2.6 % slower), which are left out. No GPU needed: the rule is
+// host arithmetic.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -55,6 +56,12 @@ TEST(Dispatch, DirectMicroLineFollowsTheSweep) {
       {"gpt-oss-120b", ActMode::kA16, 128, false}, {"mixtral-8x7b", ActMode::kA16, 2, true},
       {"mixtral-8x7b", ActMode::kA16, 4, false},   {"mixtral-8x7b", ActMode::kA16, 16, false},
       {"mixtral-8x7b", ActMode::kA16, 128, false},
+      // Session 18's sweep of the two shapes left out (…-s18-llama4-qwen235.md).
+      {"llama4-scout", ActMode::kA4, 8, true},     {"llama4-scout", ActMode::kA4, 16, false},
+      {"llama4-scout", ActMode::kA4, 32, false},   {"llama4-scout", ActMode::kA16, 4, true},
+      {"llama4-scout", ActMode::kA16, 16, false},  {"qwen3-235b-a22b", ActMode::kA4, 2, true},
+      {"qwen3-235b-a22b", ActMode::kA4, 8, false}, {"qwen3-235b-a22b", ActMode::kA16, 2, true},
+      {"qwen3-235b-a22b", ActMode::kA16, 8, false},
   };
   for (const SweepPoint& p : sweep) {
     const MoeConfig c = shape_config(p.model, p.mode);
@@ -71,6 +78,11 @@ TEST(Dispatch, DirectMicroLineArithmetic) {
   EXPECT_TRUE(gpu::direct_micro_preferred(c, 16, true));
   EXPECT_TRUE(gpu::direct_micro_preferred(c, 64, true));
   EXPECT_FALSE(gpu::direct_micro_preferred(c, 128, true));
+  // The "≤ 16 routes" clause stops at 896 MiB of touched weights: llama4-scout's 16 experts hold
+  // 16 × 67.5 MiB = 1080 MiB, so 16 routes go to dynamic, 13 (878 MiB) still to direct_micro.
+  const MoeConfig l = shape_config("llama4-scout", ActMode::kA4);
+  EXPECT_TRUE(gpu::direct_micro_preferred(l, 13, true));
+  EXPECT_FALSE(gpu::direct_micro_preferred(l, 14, true));
   // More than 4 routes per touched expert: dynamic, whatever the bytes.
   c.num_experts = 8;
   EXPECT_FALSE(gpu::direct_micro_preferred(c, 40, true));
