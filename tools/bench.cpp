@@ -39,14 +39,13 @@ struct BenchContext {
 };
 
 // Bytes, touched experts and the floor of the replay whose time is the median, with flops. The GPU
-// timing replays the input sets in turn (replay i runs set i % sets, time_graphs) and reports the
-// median replay; where the sets touch different numbers of experts (decode: mixtral-8x7b T = 4
-// draws sets of 3 and 6 of 8 experts) the times follow the touched bytes, so the median replay is
-// one of the median-bytes set. Until session 18 the floor was the sets' mean bytes against that
-// median time: mixtral-8x7b T = 4 (seed 18) draws sets of 6, 4, 5 and 6 of 8 experts, a mean of 5.25,
-// while over 20 replays the median time lies between the 5- and the 6-expert sets' (a median of 5.5
-// experts here): its efficiency read 0.61 where this reads ~0.64. (That is not the whole of its dip
-// below T = 2 and 8, 0.75: bench/results/NOTES.md, session 18.)
+// timing replays the input sets in turn (timed_replay_set) and reports the median replay; where the
+// sets touch different numbers of experts (decode at a few routes per expert) the times follow the
+// touched bytes, so the median replay is one of the median-bytes set. Until session 18 the floor was
+// the sets' mean bytes against that median time: mixtral-8x7b T = 4 (seed 18) draws sets of 6, 4, 5
+// and 6 of 8 experts, a mean of 5.25, while over 20 replays the median time lies between the 5- and
+// the 6-expert sets' (a median of 5.5 experts): its efficiency read 0.606, now 0.631 on the same
+// H100. (That is not the whole of its dip below T = 2 and 8, 0.75: bench/results/NOTES.md, session 18.)
 void fill_counts(BenchRow& row, const MoeConfig& c, const testkit::Inputs& in, int sets, int iters,
                  const BenchContext& ctx) {
   const int64_t T = row.point.tokens;
@@ -54,8 +53,9 @@ void fill_counts(BenchRow& row, const MoeConfig& c, const testkit::Inputs& in, i
   for (int s = 0; s < sets; ++s) per_set.push_back(traffic(c, in.ids.data() + size_t(s) * T * c.top_k, T));
   std::vector<double> bytes(std::max(iters, 1)), touched(bytes.size());
   for (size_t i = 0; i < bytes.size(); ++i) {
-    bytes[i] = per_set[i % sets].bytes;
-    touched[i] = per_set[i % sets].touched_experts;
+    const Traffic& tr = per_set[timed_replay_set(static_cast<int>(i), sets)];
+    bytes[i] = tr.bytes;
+    touched[i] = tr.touched_experts;
   }
   row.bytes = median(bytes);
   row.touched_experts = median(touched);

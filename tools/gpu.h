@@ -101,6 +101,9 @@ struct Timing {
 };
 Timing time_graphs(const std::function<void(CUstream_st*, int)>& body, int sets, int warmup, int iters,
                    const L2Flusher& flusher, CUstream_st* stream);
+// The input set that timed replay i (0 ≤ i < iters) of time_graphs runs; the bench takes the floor
+// of the same sequence (fill_counts), so the two stay paired.
+inline int timed_replay_set(int replay, int sets) { return replay % sets; }
 
 // A bf16 MoE from cuBLAS (bench-protocol.md's peer): routing precomputed on the host per set
 // (routes sorted by expert), then on the device: gather the routed rows, one cublasGemmEx per active

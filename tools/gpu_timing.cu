@@ -257,7 +257,7 @@ Timing time_graphs(const std::function<void(CUstream_st*, int)>& body, int sets,
     flush_only.launch(stream);
     TOOL_CUDA(cudaEventRecord(ev[4 * i + 1], stream));
     TOOL_CUDA(cudaEventRecord(ev[4 * i + 2], stream));
-    graphs[i % sets]->launch(stream);
+    graphs[timed_replay_set(i, sets)]->launch(stream);
     TOOL_CUDA(cudaEventRecord(ev[4 * i + 3], stream));
   }
   TOOL_CUDA(cudaStreamSynchronize(stream));

@@ -17,17 +17,18 @@ namespace {
 // seed), both on an H100, the card lent those sessions. Session 16's tensor-copy producer had made
 // dynamic's register path ~21 % faster than session 13's sweep (h200-decode-sweep-20261203-s13.md)
 // measured it:
-//  - the f16 variant (NVFP4-a4): direct_micro while T·K ≤ 16 routes (and ≤ 896 MiB touched), or while the touched experts'
-//    weights (min(E_local, T·K) experts) are at most 256 MB and the mean touched expert has at most 4
-//    routes. Up to 16 routes it won every point (deepseek-v3 T = 2 178.1 against dynamic's 183.2 µs,
-//    mixtral-8x7b T = 8 306.0 against 315.7), mostly on dynamic's fixed costs (its pre-pass and two
-//    launches, ~6 µs at qwen3-30b-a3b T = 1) and, where few experts are touched, on dynamic's FC2
-//    having fewer n-tiles than SMs (mixtral T = 1: 2 experts × 32 tiles; 136.6 against 98.8). Past
-//    16 routes it won only where the weights are few (qwen3-30b-a3b T = 8, 64 experts × 2.7 MB: 83.6
-//    against 90.4; T = 16, 340 MB, a tie at 124.4 / 124.3); with more bytes dynamic's weight stream
-//    is the faster one (deepseek-v3 T = 4, 32 routes, 0.79 GB: 324.6 against 326.9; gpt-oss-120b T = 8,
-//    0.45 GB: 200.7 against 208.0; mixtral T = 16: 337.6 against 357.7). This rule takes the faster
-//    backend at all 32 a4 points of the sweep. Session 18's sweep of the two shapes left out
+//  - the f16 variant (NVFP4-a4): direct_micro while T·K ≤ 16 routes (and ≤ 896 MiB touched), or
+//    while the touched experts' weights (min(E_local, T·K) experts) are at most 256 MB and the mean
+//    touched expert has at most 4 routes. Up to 16 routes it won every point (deepseek-v3 T = 2
+//    178.1 against dynamic's 183.2 µs, mixtral-8x7b T = 8 306.0 against 315.7), mostly on dynamic's
+//    fixed costs (its pre-pass and two launches, ~6 µs at qwen3-30b-a3b T = 1) and, where few
+//    experts are touched, on dynamic's FC2 having fewer n-tiles than SMs (mixtral T = 1: 2 experts ×
+//    32 tiles; 136.6 against 98.8). Past 16 routes it won only where the weights are few
+//    (qwen3-30b-a3b T = 8, 64 experts × 2.7 MB: 83.6 against 90.4; T = 16, 340 MB, a tie at 124.4 /
+//    124.3); with more bytes dynamic's weight stream is the faster one (deepseek-v3 T = 4, 32
+//    routes, 0.79 GB: 324.6 against 326.9; gpt-oss-120b T = 8, 0.45 GB: 200.7 against 208.0; mixtral
+//    T = 16: 337.6 against 357.7). This rule takes the faster backend at all 32 a4 points of the
+//    sweep. Session 18's sweep of the two shapes left out
 //    (h100-decode-sweep-20261205-s18-llama4-qwen235.md) capped the "≤ 16 routes" clause at 896 MiB
 //    of touched weights: llama4-scout T = 16 (16 routes over 16 experts, 1080 MiB) went to
 //    direct_micro at 375.4 µs against dynamic's 310.9; the heaviest point the clause still wins is
@@ -42,8 +43,9 @@ namespace {
 //    ~210 MiB dynamic won (gpt-oss-120b T = 4, 214 MiB: 138.8 against 144.6; mixtral T = 4: 311.9
 //    against 322.9). The faster backend at 31 of the 32 a16 points; the miss is deepseek-v3 T = 2
 //    (16 routes, 378 MiB: dynamic 208.3 against 204.4, +1.9 %); of the llama4-scout / qwen3-235b-a22b
-//    sweep 15 of 16 (qwen3-235b-a22b T = 4, 324 MiB: dynamic 178.9 against 174.4, +2.6 %). Session 17's line (4 routes per
-//    expert alone) would take direct_micro at 17 of these points, where dynamic is faster by 1–36 %.
+//    sweep 15 of 16 (qwen3-235b-a22b T = 4, 324 MiB: dynamic 178.9 against 174.4, +2.6 %). Session
+//    17's line (4 routes per expert alone) would take direct_micro at 17 of the four-shape sweep's
+//    points, where dynamic is faster by 1–36 %.
 //  - both up to the variant's capacity (T·K = 1024 routes f16, 512 bf16); the mean touched expert's
 //    routes are T·K over min(E_local, T·K), the most experts the routes can touch.
 //  - static is not taken: at no point of session 13's sweep was it faster than dynamic by more than
@@ -62,7 +64,8 @@ bool direct_micro_preferred(const MoeConfig& c, int64_t routes, bool dynamic_run
   constexpr int64_t kRoutesPerExpertGeneric = 32;      // not sm_90
   const bool f16 = f16_operands(c);
   const int64_t always_routes = f16 ? 16 : 4;
-  const int64_t always_max_bytes = f16 ? int64_t{896} << 20 : std::numeric_limits<int64_t>::max();  // the "always" clause's cap
+  // The "always" clause's cap on the touched weights (the f16 variant's only).
+  const int64_t always_max_bytes = f16 ? int64_t{896} << 20 : std::numeric_limits<int64_t>::max();
   const int64_t max_touched_bytes = (f16 ? int64_t{256} : int64_t{200}) << 20;
   const int64_t touched_max = std::min<int64_t>(c.local_count(), routes);
   if (!dynamic_runs) return routes <= kRoutesPerExpertGeneric * touched_max;
