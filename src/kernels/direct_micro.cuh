@@ -477,7 +477,8 @@ __device__ void fc1_item(const Params& p, Smem<kF16>& sm, int u, int cb) {
 
 // FC2 k-chunks per touched expert: enough (expert, chunk) units for every warp of a CTA, none
 // empty, and their sums fit the CTA's `slots` rows (SmemT::kFc2Slots): KC · routes ≤ slots, since
-// routes ≤ slots (the launch's capacity check) makes fit ≥ 1 and k_chunk_count never exceeds it.
+// routes ≤ slots (the launch's capacity check) makes fit ≥ 1 and k_chunk_count never exceeds it; it
+// picks the count that loads the busiest warp least (fragment_layout.h).
 // A CTA's units are those of its part's experts (touched / parts, rounded up), so the chunks are
 // counted from those: with every expert counted, an item split over parts left warps idle (mixtral
 // T = 32, 32-column items in two parts of 4 experts: 4 units for 8 warps).

@@ -99,9 +99,9 @@ TEST(FragmentLayout, PermutedActivationsAreTheMmaBFragments) {
 TEST(FragmentLayout, KChunksAreNonEmptyAndCoverTheReduction) {
   for (int KT = 1; KT <= 300; ++KT)
     for (int tiles : {1, 2, 7, 48, 384, 5000})
-      for (int target : {1, 1056, 4224})
+      for (int warps : {1, 8, 1056})
         for (int max_chunks : {1, 8}) {
-          const int n = kernels::k_chunk_count(tiles, KT, target, max_chunks);
+          const int n = kernels::k_chunk_count(tiles, KT, warps, max_chunks);
           ASSERT_GE(n, 1);
           ASSERT_LE(n, max_chunks);
           ASSERT_LE(n, KT);
@@ -114,6 +114,29 @@ TEST(FragmentLayout, KChunksAreNonEmptyAndCoverTheReduction) {
           }
           ASSERT_EQ(covered, KT);
         }
+}
+
+// The chunk count balances the units over the warps: direct_micro's FC2 at mixtral-8x7b (KT = 224)
+// cuts 8 chunks for 3, 5 and 7 touched experts and 4 for 6 (every warp the same share, where the
+// old ceil(8 / tiles) gave two warps twice the share of the rest at 5 and 6), and stays at 2 for 4
+// and 1 for 8 and 16; no count up to the cap loads the busiest warp less.
+TEST(FragmentLayout, KChunksBalanceTheWarps) {
+  const int KT = 224;
+  const std::pair<int, int> want[] = {{1, 8}, {2, 4}, {3, 8}, {4, 2}, {5, 8}, {6, 4}, {7, 8}, {8, 1}, {16, 1}};
+  for (const auto& [tiles, n] : want) EXPECT_EQ(kernels::k_chunk_count(tiles, KT, 8, 8), n) << tiles << " tiles";
+  for (int kt : {1, 3, 12, 56, 224})
+    for (int tiles = 1; tiles <= 40; ++tiles) {
+      auto load = [&](int n) {
+        const int per = (kt + n - 1) / n;
+        return static_cast<long long>((tiles * n + 7) / 8) * (per + 1);
+      };
+      const int n = kernels::k_chunk_count(tiles, kt, 8, 8);
+      for (int m = 1; m <= std::min(8, kt); ++m) {
+        const int per = (kt + m - 1) / m;
+        if ((kt + per - 1) / per != m) continue;  // not a count of non-empty chunks
+        EXPECT_LE(load(n), load(m)) << "KT " << kt << " tiles " << tiles << ": " << n << " chunks, " << m << " better";
+      }
+    }
 }
 
 // The f16 word layout (fragment_layout.h): the E4M3 bytes the f16 kernels take from a word are the

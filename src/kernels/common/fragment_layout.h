@@ -72,15 +72,27 @@ FP4MOE_HD uint32_t standard_word_from_f16(uint32_t w) {
   return r;
 }
 
-// How many chunks to cut KT k-tiles into for `tiles` independent row tiles to give about `target`
-// items, at most max_chunks; the result makes every chunk non-empty (chunks of ceil(KT / n) tiles).
-FP4MOE_HD int k_chunk_count(int tiles, int KT, int target, int max_chunks) {
-  int kc = (target + (tiles > 1 ? tiles : 1) - 1) / (tiles > 1 ? tiles : 1);
-  kc = kc < KT ? kc : KT;
-  kc = kc < max_chunks ? kc : max_chunks;
-  kc = kc > 1 ? kc : 1;
-  const int per = (KT + kc - 1) / kc;
-  return (KT + per - 1) / per;
+// How many chunks to cut KT k-tiles into for `tiles` independent row tiles whose tiles · chunks
+// units `warps` warps take round-robin: the count, at most max_chunks, that least loads the busiest
+// warp, ceil(tiles · n / warps) units of ceil(KT / n) tiles plus one tile's worth of a unit's own
+// cost (its pipeline's fill), the fewest chunks on a tie; every chunk non-empty (chunks of
+// ceil(KT / n) tiles). Until session 19 the count was ceil(warps / tiles): direct_micro's FC2 at
+// mixtral-8x7b with 5 touched experts cut 2 chunks, 10 units on 8 warps, so two warps streamed twice
+// the weights of the rest and FC2 took 1.6× the 4-expert time per expert (NOTES session 19).
+FP4MOE_HD int k_chunk_count(int tiles, int KT, int warps, int max_chunks) {
+  tiles = tiles > 1 ? tiles : 1;
+  warps = warps > 1 ? warps : 1;
+  const int top = max_chunks < KT ? max_chunks : KT;
+  int best = 1;
+  long long best_cost = -1;
+  for (int n = 1; n <= top; ++n) {
+    const int per = (KT + n - 1) / n, chunks = (KT + per - 1) / per;  // non-empty chunks of `per`
+    if (chunks != n) continue;
+    const long long units = (static_cast<long long>(tiles) * n + warps - 1) / warps;
+    const long long cost = units * (per + 1);
+    if (best_cost < 0 || cost < best_cost) best = n, best_cost = cost;
+  }
+  return best;
 }
 
 }  // namespace fp4moe::kernels
