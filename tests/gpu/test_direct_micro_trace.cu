@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdio>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "gpu/gpu_util.h"
@@ -123,8 +124,34 @@ TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
     // H100, session 17's sweep; the H200's s14 table has it too).
     const std::vector<int64_t> tokens =
         s->experts == 8 ? std::vector<int64_t>{1, 2, 4, 8} : std::vector<int64_t>{1, 8, 64};
-    for (const int64_t T : tokens) {
-      const testkit::Inputs in = testkit::make_inputs(c, T, 77 + T);
+    // The cases: the diagnostic's own draw at each T; for mixtral-8x7b also the bench's four input
+    // sets at T = 2, 4, 8 (`fp4moe bench --seed 18`: tools/points.cpp build_inputs draws T · sets
+    // tokens from seed · φ + T · 0xD1B54A32D192ED03 + 1, set k is tokens [kT, kT + T)), whose T = 4
+    // median replay read 0.63 of the floor against 0.75 at T = 2 and 8 (session 18).
+    struct Case {
+      std::string what;
+      testkit::Inputs in;
+    };
+    std::vector<Case> cases;
+    for (const int64_t T : tokens) cases.push_back({"own draw", testkit::make_inputs(c, T, 77 + T)});
+    if (s->experts == 8)
+      for (const int64_t T : {2, 4, 8}) {
+        constexpr int kSets = 4;
+        const uint64_t seed = 18ull * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(T) * 0xD1B54A32D192ED03ull + 1;
+        const testkit::Inputs all = testkit::make_inputs(c, T * kSets, seed);
+        for (int k = 0; k < kSets; ++k) {
+          testkit::Inputs in;
+          in.tokens = T;
+          in.x.assign(all.x.begin() + k * T * c.hidden, all.x.begin() + (k + 1) * T * c.hidden);
+          in.ids.assign(all.ids.begin() + k * T * c.top_k, all.ids.begin() + (k + 1) * T * c.top_k);
+          in.topk_weights.assign(all.topk_weights.begin() + k * T * c.top_k,
+                                 all.topk_weights.begin() + (k + 1) * T * c.top_k);
+          cases.push_back({"bench seed 18 set " + std::to_string(k), std::move(in)});
+        }
+      }
+    for (const Case& cs : cases) {
+      const testkit::Inputs& in = cs.in;
+      const int64_t T = in.tokens;
       DeviceArray<uint16_t> x(in.x);
       DeviceArray<int32_t> ids(in.ids);
       DeviceArray<float> tw(in.topk_weights);
@@ -137,11 +164,17 @@ TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
       for (int rep = 0; rep < 3; ++rep) gpu::launch_direct_micro(c, *w, ws, a);
       GPU_CHECK(cudaDeviceSynchronize());
       a.trace = trace.get();
-      std::vector<char> hit(c.num_experts, 0);
-      for (const int32_t e : in.ids) hit[e] = 1;
-      std::printf("%s T=%lld touched %d grid %d fc2_parts %d (32-column items: %d)\n", model,
-                  static_cast<long long>(T), static_cast<int>(std::count(hit.begin(), hit.end(), 1)), ws.grid,
-                  ws.fc2_parts, ws.fc2_parts_wide);
+      std::vector<int> hit(c.num_experts, 0);
+      for (const int32_t e : in.ids) ++hit[e];
+      std::string per_expert;  // routes of each touched expert, largest first
+      std::vector<int> counts;
+      for (const int h : hit)
+        if (h) counts.push_back(h);
+      std::sort(counts.rbegin(), counts.rend());
+      for (const int h : counts) per_expert += " " + std::to_string(h);
+      std::printf("%s T=%lld (%s) touched %d (routes each:%s) grid %d fc2_parts %d (32-column items: %d)\n", model,
+                  static_cast<long long>(T), cs.what.c_str(), static_cast<int>(counts.size()), per_expert.c_str(),
+                  ws.grid, ws.fc2_parts, ws.fc2_parts_wide);
       // As the bench times it (weights evicted from L2 first), with and without the FC2 split; then
       // with the weights already in L2.
       const int parts = ws.fc2_parts, parts_wide = ws.fc2_parts_wide;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -109,6 +110,91 @@ TEST(GpuFragDequant, TablesAndF16GiveCodeTimesScale) {
   REQUIRE_GPU();
   check_format(true, 0x5eed01);
   check_format(false, 0x5eed02);
+}
+
+// Diagnostic, not a test of speed (the benchmark is): SM cycles of the register dequantisations per
+// warp k16 step at full occupancy (4 blocks of 8 warps on every SM), each step's four registers
+// folded into an accumulator so nothing is dead code. Session 19 (NOTES) read it with Nsight
+// Compute's pipe counters: the f16 path is bound by the ALU pipe (16 lanes a sub-partition, 2 cycles
+// a warp instruction; LOP3, SHF and the E4M3 conversions all go there), the tables by issue (ALU,
+// LSU and FMA-heavy pipes shared); both run a step in ~18 cycles per sub-partition.
+template <int kPath>  // 0: tables (frag_a_bf16), 1: f16 words (frag_a_f16), 2: none (the loop's own cost)
+__global__ void dequant_rate_kernel(const uint4* codes, const uint8_t* scales, int iters, uint32_t* sink,
+                                    long long* cycles) {
+  __shared__ kernels::FragTables tables;
+  if constexpr (kPath == 0) kernels::fill_frag_tables(tables, true, threadIdx.x >> 5, blockDim.x >> 5);
+  __syncthreads();
+  const kernels::FragLut lut = kernels::frag_lut(tables);
+  const int lane = threadIdx.x & 31;
+  uint4 v = codes[lane];
+  uint32_t slo, shi;
+  kernels::frag_scales(scales, 4, slo, shi);
+  uint32_t x = 0;
+  const long long t0 = clock64();
+  for (int i = 0; i < iters; ++i) {
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+    if constexpr (kPath == 1) {
+      const kernels::F16Scales sc = kernels::frag_scales_f16(slo, shi);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        uint32_t a[4];
+        kernels::frag_a_f16(words[t], sc, t, a);
+        x ^= a[0] ^ a[1] ^ a[2] ^ a[3];
+      }
+    } else if constexpr (kPath == 2) {
+#pragma unroll
+      for (int t = 0; t < 4; ++t) x ^= words[t] ^ (slo + t) ^ shi;
+    } else {
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        uint32_t a[4];
+        kernels::frag_a_bf16(lut, words[t], slo, shi, t, a);
+        x ^= a[0] ^ a[1] ^ a[2] ^ a[3];
+      }
+    }
+    // A new word and scales each iteration, from nothing the compiler can hoist.
+    v.x = __funnelshift_l(v.x, v.y, 1);
+    v.y = __funnelshift_l(v.y, v.z, 1);
+    v.z = __funnelshift_l(v.z, v.w, 1);
+    v.w = __funnelshift_l(v.w, v.x, 1);
+    slo = (slo & 0x3F3F3F3Fu) | 0x01010101u;
+    shi = __byte_perm(shi, slo, 0x3210 + (i & 1));
+    shi = (shi & 0x3F3F3F3Fu) | 0x01010101u;
+  }
+  const long long t1 = clock64();
+  sink[blockIdx.x * blockDim.x + threadIdx.x] = x;
+  if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+}
+
+TEST(GpuDiagnostics, DISABLED_DequantRate) {
+  REQUIRE_GPU();
+  int sms = 0;
+  GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int blocks = sms * 4, threads = 256, iters = 4096;
+  std::vector<uint32_t> w(128);
+  std::mt19937 rng(5);
+  for (auto& x : w) x = rng();
+  std::vector<uint8_t> s(64, 0x38);
+  DeviceArray<uint32_t> d_w(w), d_sink(static_cast<size_t>(blocks) * threads);
+  DeviceArray<uint8_t> d_s(s);
+  DeviceArray<long long> d_cycles(blocks);
+  const char* names[3] = {"tables (frag_a_bf16)", "f16 words (frag_a_f16)", "none (loop and fold)"};
+  for (int path = 0; path < 3; ++path) {
+    auto k = path == 0 ? dequant_rate_kernel<0> : path == 1 ? dequant_rate_kernel<1> : dequant_rate_kernel<2>;
+    for (int rep = 0; rep < 2; ++rep) {  // the first launch warms up
+      k<<<blocks, threads>>>(reinterpret_cast<const uint4*>(d_w.get()), d_s.get(), iters, d_sink.get(),
+                             d_cycles.get());
+      GPU_CHECK(cudaGetLastError());
+      GPU_CHECK(cudaDeviceSynchronize());
+    }
+    const std::vector<long long> c = d_cycles.download();
+    double mean = 0;
+    for (long long x : c) mean += static_cast<double>(x);
+    mean /= static_cast<double>(c.size());
+    const double steps_per_sm = 4.0 * 8 * iters * 4;  // 4 blocks × 8 warps × iters × 4 steps, concurrently
+    std::printf("[dequant rate] %-24s %7.3f SM cycles per warp k16 step (%.2f per sub-partition)\n", names[path],
+                mean / steps_per_sm, 4.0 * mean / steps_per_sm);
+  }
 }
 
 }  // namespace
