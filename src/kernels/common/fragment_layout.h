@@ -72,24 +72,31 @@ FP4MOE_HD uint32_t standard_word_from_f16(uint32_t w) {
   return r;
 }
 
+inline constexpr int kMaxKChunks = 8;  // k_chunk_count's cap on max_chunks
+
 // How many chunks to cut KT k-tiles into for `tiles` independent row tiles whose tiles · chunks
-// units `warps` warps take round-robin: the count, at most max_chunks, that least loads the busiest
-// warp, ceil(tiles · n / warps) units of ceil(KT / n) tiles plus one tile's worth of a unit's own
-// cost (its pipeline's fill), the fewest chunks on a tie; every chunk non-empty (chunks of
-// ceil(KT / n) tiles). Until session 19 the count was ceil(warps / tiles): direct_micro's FC2 at
-// mixtral-8x7b with 5 touched experts cut 2 chunks, 10 units on 8 warps, so two warps streamed twice
-// the weights of the rest and FC2 took 1.6× the 4-expert time per expert (NOTES session 19).
+// units `warps` warps take round-robin: the count n ≤ max_chunks, kMaxKChunks that least loads the
+// busiest warp, ceil(tiles · n / warps) units of ceil(KT / n) tiles plus one tile's worth of a
+// unit's own cost (its pipeline's fill), the fewest chunks on a tie; every chunk non-empty (chunks
+// of ceil(KT / n) tiles). Until session 19 the count was ceil(warps / tiles): direct_micro's FC2 at
+// mixtral-8x7b with 5 touched experts cut 2 chunks, 10 units on 8 warps, so two warps streamed
+// twice the weights of the rest and FC2 took 1.6× the 4-expert time per expert (NOTES session 19).
 FP4MOE_HD int k_chunk_count(int tiles, int KT, int warps, int max_chunks) {
   tiles = tiles > 1 ? tiles : 1;
   warps = warps > 1 ? warps : 1;
-  const int top = max_chunks < KT ? max_chunks : KT;
-  int best = 1;
-  long long best_cost = -1;
-  for (int n = 1; n <= top; ++n) {
-    const int per = (KT + n - 1) / n, chunks = (KT + per - 1) / per;  // non-empty chunks of `per`
-    if (chunks != n) continue;
-    const long long units = (static_cast<long long>(tiles) * n + warps - 1) / warps;
-    const long long cost = units * (per + 1);
+  int top = max_chunks < KT ? max_chunks : KT;
+  top = top < kMaxKChunks ? top : kMaxKChunks;
+  int best = 1, best_cost = -1;
+  // Unrolled, n is a constant: no division by a register (direct_micro runs this between the grid
+  // barrier and FC2: session 20 measured its FC2 phase at qwen3-30b-a3b T = 1 1.6 µs longer with
+  // the first version, a loop of divisions by n, at the same chunk count).
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int n = 1; n <= kMaxKChunks; ++n) {
+    const int per = (KT + n - 1) / n;
+    if (n > top || (n - 1) * per >= KT) continue;  // n non-empty chunks of `per` (the last ≥ 1)
+    const int cost = (tiles * n + warps - 1) / warps * (per + 1);
     if (best_cost < 0 || cost < best_cost) best = n, best_cost = cost;
   }
   return best;
