@@ -12,7 +12,7 @@
 # (the device tool, which brings back at most 8 files), the logs go to $OUT/r and are packed into
 # $OUT/all.tgz at the end, the A/B table included (compare.txt).
 # E.g. (device tool, carry [".carry"]):
-#   timeout 580 bash scripts/device_ab.sh --tests new main new -- --step-timeout 150 \
+#   timeout 580 bash scripts/device_ab.sh --tests new new main new2 -- --step-timeout 150 \
 #     --bench "--model qwen3-30b-a3b --tokens 1,8,64 --backend direct_micro --iters 20 --no-peer --seed 11"
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,10 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do
   shift
 done
 [ $# -gt 0 ] && shift  # the "--"
+# Each tree's logs and rows are kept under its name: a name given twice would overwrite its first
+# run (session 20 lost one that way), so run a tree twice as two copies (cp -r .carry/a .carry/a2).
+dups=$(printf '%s\n' "${trees[@]}" | sort | uniq -d)
+[ -z "$dups" ] || { echo "device_ab.sh: tree named twice: $dups (copy it under a second name)" >&2; exit 2; }
 for f in .carry/*/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done
 chmod +x .carry/*/fp4moe* 2>/dev/null
 for t in "${trees[@]}" "${tests[@]%%:*}"; do
