@@ -612,7 +612,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
     asm("mov.u32 %0, %%smid;" : "=r"(smid));
     where(p, 0, smid);
   }
-  if (!kF16) fill_frag_tables(tables(sm), p.nvfp4, threadIdx.x >> 5, kWarps);
+  if (!kF16) fill_frag_tables(tables(sm), p.nvfp4, threadIdx.x, kThreads);
   build_routing(p, sm);
   const int nt = sm.num_touched;
   stamp(p, 1);

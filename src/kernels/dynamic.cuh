@@ -407,7 +407,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
 template <int BM, bool kF16>
 __device__ __forceinline__ void start_cta(Smem<BM, kF16>& sm, bool nvfp4) {
   if (threadIdx.x == 0) init_pipeline<Smem<BM, kF16>::kStages>(sm.full, sm.empty, &sm.aborted);
-  if constexpr (!kF16) fill_frag_tables(sm.tables, nvfp4, threadIdx.x >> 5, kThreads / 32);
+  if constexpr (!kF16) fill_frag_tables(sm.tables, nvfp4, threadIdx.x, kThreads);
   __syncthreads();
 }
 

@@ -28,7 +28,7 @@ constexpr int kRegs = 4 * 4;  // per lane and tile: 4 k16 steps × 4 A registers
 __global__ void frag_dequant_kernel(const uint4* codes, const uint8_t* scales, int sb, bool nvfp4, uint32_t* bf16,
                                     uint32_t* f16) {
   __shared__ kernels::FragTables tables;
-  kernels::fill_frag_tables(tables, nvfp4, 0, 1);
+  kernels::fill_frag_tables(tables, nvfp4, threadIdx.x, blockDim.x);
   __syncthreads();
   const int lane = threadIdx.x, tile = blockIdx.x;
   const kernels::FragLut lut = kernels::frag_lut(tables);
@@ -122,7 +122,7 @@ template <int kPath>  // 0: tables (frag_a_bf16), 1: f16 words (frag_a_f16), 2: 
 __global__ void dequant_rate_kernel(const uint4* codes, const uint8_t* scales, int iters, uint32_t* sink,
                                     long long* cycles) {
   __shared__ kernels::FragTables tables;
-  if constexpr (kPath == 0) kernels::fill_frag_tables(tables, true, threadIdx.x >> 5, blockDim.x >> 5);
+  if constexpr (kPath == 0) kernels::fill_frag_tables(tables, true, threadIdx.x, blockDim.x);
   __syncthreads();
   const kernels::FragLut lut = kernels::frag_lut(tables);
   const int lane = threadIdx.x & 31;

@@ -22,22 +22,30 @@ namespace fp4moe::kernels {
 
 // Lookup tables of the bf16 path, one copy per lane (or row group) so a warp's 32 lookups hit 32
 // banks.
-struct FragTables {
+struct alignas(16) FragTables {
   uint32_t e2m1x2[256][32];  // E2M1 byte → bf16x2, entry b of lane l at [b][l]
   uint32_t scale2[256][8];   // scale byte → bf16x2 (both halves), entry of row group g at [b][g]
 };
 
-// Fills the tables; `warp` / `warps`: this thread's warp among the `warps` that share the work. One
-// table row per warp step: the lanes write consecutive words (no bank conflicts).
-__device__ __forceinline__ void fill_frag_tables(FragTables& t, bool nvfp4, int warp, int warps) {
-  const int lane = threadIdx.x & 31;
-  for (int b = warp; b < 256; b += warps) {
-    t.e2m1x2[b][lane] = static_cast<uint32_t>(e2m1_to_bf16_bits(b & 0xF)) |
-                        (static_cast<uint32_t>(e2m1_to_bf16_bits(b >> 4)) << 16);
-    if (lane < 8) {
-      const uint16_t h = fmt::bf16_from_f32(nvfp4 ? fmt::e4m3_decode(b) : fmt::ue8m0_decode(b));
-      t.scale2[b][lane] = static_cast<uint32_t>(h) | (static_cast<uint32_t>(h) << 16);
-    }
+// Fills the tables; `thread` / `threads`: this thread among the `threads` that share the work
+// (then a __syncthreads). Each thread decodes whole entries, one byte value b at a time, and writes
+// its copies as 16-byte stores, the chunk order rotated by b so a quarter-warp's eight rows land on
+// distinct banks. Until session 21 every lane of a warp decoded the same entry for its own copy, one
+// table row per warp step: 32 redundant decodes per entry, 8.4 us of direct_micro's setup at
+// qwen3-30b-a3b T = 1 (10.3 against the f16 variant's 1.9 us, GpuDiagnostics.DirectMicroPhases on an
+// H100), and once per launch in each of dynamic's bf16-variant GEMMs.
+__device__ __forceinline__ void fill_frag_tables(FragTables& t, bool nvfp4, int thread, int threads) {
+  for (int b = thread; b < 256; b += threads) {
+    const uint32_t v = static_cast<uint32_t>(e2m1_to_bf16_bits(b & 0xF)) |
+                       (static_cast<uint32_t>(e2m1_to_bf16_bits(b >> 4)) << 16);
+    const uint16_t h = fmt::bf16_from_f32(nvfp4 ? fmt::e4m3_decode(b) : fmt::ue8m0_decode(b));
+    const uint32_t s = static_cast<uint32_t>(h) | (static_cast<uint32_t>(h) << 16);
+    uint4* row = reinterpret_cast<uint4*>(t.e2m1x2[b]);  // 8 chunks of 4 lanes' copies
+#pragma unroll
+    for (int j = 0; j < 8; ++j) row[(j + b) & 7] = make_uint4(v, v, v, v);
+    uint4* srow = reinterpret_cast<uint4*>(t.scale2[b]);  // 2 chunks of 4 row groups' copies
+#pragma unroll
+    for (int j = 0; j < 2; ++j) srow[(j + b) & 1] = make_uint4(s, s, s, s);
   }
 }
 
