@@ -274,12 +274,16 @@ __device__ __forceinline__ void store_act(__nv_bfloat16* dst, long long i, __nv_
 
 // Phase 0 item, one warp: columns [32·cb, 32·cb + 32) of routed row r, a lane per column:
 // A1[r] = Q1(x[t]) (blocks of 16 or 32 lanes; columns past H are zeros). The warp's stores fill half
-// of one permuted 64-column chunk.
-template <bool kF16>
-__device__ __forceinline__ void quantize_cols(const Params& p, int r, int cb, float g) {
+// of one permuted 64-column chunk. x_col loads the lane's x value, quantize_cols rounds and stores it
+// (apart, so a warp issues several items' loads before it waits on the first).
+__device__ __forceinline__ float x_col(const Params& p, int r, int cb) {
   const int col = 32 * cb + (threadIdx.x & 31);
   const __nv_bfloat16* xr = p.x + static_cast<int64_t>(r / p.top_k) * p.hidden;
-  const float v = col < p.hidden ? __bfloat162float(xr[col]) : 0.f;
+  return col < p.hidden ? __bfloat162float(xr[col]) : 0.f;
+}
+template <bool kF16>
+__device__ __forceinline__ void quantize_cols(const Params& p, int r, int cb, float g, float v) {
+  const int col = 32 * cb + (threadIdx.x & 31);
   const __nv_bfloat16 q = quant_dequant_lanes(p.q, v, g);
   store_act<kF16>(p.a1 + static_cast<int64_t>(r) * p.h_pad, permuted_col(col), q);
 }
@@ -618,13 +622,28 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   stamp(p, 1);
 
   // Phase 0: quantise each routed row of x with its expert's FC1 input scale, one warp per
-  // (route, 32 columns), spread over the whole grid.
+  // (route, 32 columns), spread over the whole grid; a warp takes kBatch of its items a step, their
+  // x loads issued together. (Until session 21 it took one: qwen3-30b-a3b T = 64 gives a warp ~15
+  // items, and the phase took 16.8 µs on an H100, one dependent load round per item.) Two, not
+  // four: ptxas spilled 16 bytes in the bf16 kG = 1 kernel with four.
   {
-    const int nc = p.h_pad / 32;
+    constexpr int kBatch = 2;
+    const int nc = p.h_pad / 32, items = p.routes * nc;
     const int gw = (threadIdx.x >> 5) * gridDim.x + blockIdx.x, nw = gridDim.x * kWarps;  // CTA-interleaved
-    for (int i = gw; i < p.routes * nc; i += nw) {  // warp-uniform
-      const int r = i / nc, slot = sm.route_slot[r];
-      if (slot >= 0) quantize_cols<kF16>(p, r, i % nc, sm.g1[slot]);
+    for (int i0 = gw; i0 < items; i0 += kBatch * nw) {  // warp-uniform
+      float v[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int i = i0 + k * nw;
+        v[k] = i < items && sm.route_slot[i / nc] >= 0 ? x_col(p, i / nc, i % nc) : 0.f;
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int i = i0 + k * nw;
+        if (i >= items) break;  // warp-uniform
+        const int r = i / nc, slot = sm.route_slot[r];
+        if (slot >= 0) quantize_cols<kF16>(p, r, i % nc, sm.g1[slot], v[k]);
+      }
     }
   }
   stamp(p, 2);
