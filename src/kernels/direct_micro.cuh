@@ -632,17 +632,17 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
     const int gw = (threadIdx.x >> 5) * gridDim.x + blockIdx.x, nw = gridDim.x * kWarps;  // CTA-interleaved
     for (int i0 = gw; i0 < items; i0 += kBatch * nw) {  // warp-uniform
       float v[kBatch];
+      int slot[kBatch];  // -1: past the items, or a route outside the local experts
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
         const int i = i0 + k * nw;
-        v[k] = i < items && sm.route_slot[i / nc] >= 0 ? x_col(p, i / nc, i % nc) : 0.f;
+        slot[k] = i < items ? sm.route_slot[i / nc] : -1;
+        v[k] = slot[k] >= 0 ? x_col(p, i / nc, i % nc) : 0.f;
       }
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
         const int i = i0 + k * nw;
-        if (i >= items) break;  // warp-uniform
-        const int r = i / nc, slot = sm.route_slot[r];
-        if (slot >= 0) quantize_cols<kF16>(p, r, i % nc, sm.g1[slot], v[k]);
+        if (slot[k] >= 0) quantize_cols<kF16>(p, i / nc, i % nc, sm.g1[slot[k]], v[k]);  // warp-uniform
       }
     }
   }

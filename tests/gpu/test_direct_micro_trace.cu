@@ -177,8 +177,8 @@ TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
       std::sort(counts.rbegin(), counts.rend());
       for (const int h : counts) per_expert += " " + std::to_string(h);
       std::printf("%s %s T=%lld (%s) touched %d (routes each:%s) grid %d fc2_parts %d (32-column items: %d)\n", model,
-                  std::string(to_string(mode)).c_str(), static_cast<long long>(T), cs.what.c_str(), static_cast<int>(counts.size()), per_expert.c_str(),
-                  ws.grid, ws.fc2_parts, ws.fc2_parts_wide);
+                  std::string(to_string(mode)).c_str(), static_cast<long long>(T), cs.what.c_str(),
+                  static_cast<int>(counts.size()), per_expert.c_str(), ws.grid, ws.fc2_parts, ws.fc2_parts_wide);
       // As the bench times it (weights evicted from L2 first), with and without the FC2 split; then
       // with the weights already in L2.
       const int parts = ws.fc2_parts, parts_wide = ws.fc2_parts_wide;

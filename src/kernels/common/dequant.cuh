@@ -23,9 +23,13 @@ __device__ __forceinline__ uint16_t e2m1_to_bf16_bits(uint32_t code) {
   return fmt::bf16_from_f32(fmt::e2m1_decode(static_cast<uint8_t>(code)));
 }
 
+// The two codes of byte b (low nibble = even element) as a bf16x2 pattern.
+__device__ __forceinline__ uint32_t e2m1x2_bf16_bits(uint32_t b) {
+  return static_cast<uint32_t>(e2m1_to_bf16_bits(b & 0xF)) | (static_cast<uint32_t>(e2m1_to_bf16_bits(b >> 4)) << 16);
+}
+
 __device__ __forceinline__ void fill_e2m1x2_table(E2m1x2Table& t) {
-  for (int b = threadIdx.x; b < 256; b += blockDim.x)
-    t.v[b] = static_cast<uint32_t>(e2m1_to_bf16_bits(b & 0xF)) | (static_cast<uint32_t>(e2m1_to_bf16_bits(b >> 4)) << 16);
+  for (int b = threadIdx.x; b < 256; b += blockDim.x) t.v[b] = e2m1x2_bf16_bits(b);
 }
 
 // The block scale as bf16 (exact: E4M3 has 4 significant bits; UE8M0 is a power of two).

@@ -36,8 +36,7 @@ struct alignas(16) FragTables {
 // H100), and once per launch in each of dynamic's bf16-variant GEMMs.
 __device__ __forceinline__ void fill_frag_tables(FragTables& t, bool nvfp4, int thread, int threads) {
   for (int b = thread; b < 256; b += threads) {
-    const uint32_t v = static_cast<uint32_t>(e2m1_to_bf16_bits(b & 0xF)) |
-                       (static_cast<uint32_t>(e2m1_to_bf16_bits(b >> 4)) << 16);
+    const uint32_t v = e2m1x2_bf16_bits(b);
     const uint16_t h = fmt::bf16_from_f32(nvfp4 ? fmt::e4m3_decode(b) : fmt::ue8m0_decode(b));
     const uint32_t s = static_cast<uint32_t>(h) | (static_cast<uint32_t>(h) << 16);
     uint4* row = reinterpret_cast<uint4*>(t.e2m1x2[b]);  // 8 chunks of 4 lanes' copies
