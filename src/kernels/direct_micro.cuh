@@ -272,20 +272,63 @@ __device__ __forceinline__ void store_act(__nv_bfloat16* dst, long long i, __nv_
   }
 }
 
-// Phase 0 item, one warp: columns [32·cb, 32·cb + 32) of routed row r, a lane per column:
-// A1[r] = Q1(x[t]) (blocks of 16 or 32 lanes; columns past H are zeros). The warp's stores fill half
-// of one permuted 64-column chunk. x_col loads the lane's x value, quantize_cols rounds and stores it
-// (apart, so a warp issues several items' loads before it waits on the first).
-__device__ __forceinline__ float x_col(const Params& p, int r, int cb) {
-  const int col = 32 * cb + (threadIdx.x & 31);
-  const __nv_bfloat16* xr = p.x + static_cast<int64_t>(r / p.top_k) * p.hidden;
-  return col < p.hidden ? __bfloat162float(xr[col]) : 0.f;
+// Phase 0 item, one lane: block b (columns kBlock·b … kBlock·b + kBlock - 1) of routed row r, whole in
+// the lane's registers: A1[r] = Q1(x[t]) by quant_dequant_block (no shuffles; equal bit for bit to the
+// lanes version), blocks past H zeros. Stored in the permuted chunk layout: logical column
+// 16·t + 8·half + 2·c + e lands at c·16 + 4·t + 2·half + e, so each 16 columns of the block give four
+// 8-byte pieces {2c, 2c + 1, 8 + 2c, 9 + 2c} (c = 0..3), and the four lanes holding one 64-column
+// chunk's blocks fill it in 32-byte runs.
+template <int kBlock, bool kF16>
+__device__ __forceinline__ void quantize_block(const Params& p, int r, int b, float g) {
+  const int col0 = kBlock * b;
+  float v[kBlock];
+  if (col0 < p.hidden) {  // hidden is a multiple of kBlock and x is 16-byte aligned (runner.cpp)
+    const uint4* xb = reinterpret_cast<const uint4*>(p.x + static_cast<int64_t>(r / p.top_k) * p.hidden + col0);
+    uint4 raw[kBlock / 8];
+#pragma unroll
+    for (int i = 0; i < kBlock / 8; ++i) raw[i] = xb[i];  // every load issued before the first use
+#pragma unroll
+    for (int i = 0; i < kBlock / 8; ++i) {
+      const uint32_t w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[8 * i + j] = fmt::f32_from_bf16(static_cast<uint16_t>(w[j / 2] >> (16 * (j & 1))));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kBlock; ++i) v[i] = 0.0f;  // padding columns: zeros in every format
+  }
+  __nv_bfloat16 q[kBlock];
+  quant_dequant_block<kBlock>(p.q, v, g, q);
+  __nv_bfloat16* chunk = p.a1 + static_cast<int64_t>(r) * p.h_pad + (col0 & ~63);
+#pragma unroll
+  for (int s = 0; s < kBlock; s += 16) {
+    const int t = ((col0 + s) & 63) >> 4;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      __nv_bfloat162 lo = __halves2bfloat162(q[s + 2 * c], q[s + 2 * c + 1]);
+      __nv_bfloat162 hi = __halves2bfloat162(q[s + 8 + 2 * c], q[s + 9 + 2 * c]);
+      uint2 piece;
+      if constexpr (kF16) {
+        const __half2 l = act_f16x2(lo), h = act_f16x2(hi);
+        piece = make_uint2(*reinterpret_cast<const uint32_t*>(&l), *reinterpret_cast<const uint32_t*>(&h));
+      } else {
+        piece = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+      }
+      *reinterpret_cast<uint2*>(chunk + c * 16 + t * 4) = piece;
+    }
+  }
 }
-template <bool kF16>
-__device__ __forceinline__ void quantize_cols(const Params& p, int r, int cb, float g, float v) {
-  const int col = 32 * cb + (threadIdx.x & 31);
-  const __nv_bfloat16 q = quant_dequant_lanes(p.q, v, g);
-  store_act<kF16>(p.a1 + static_cast<int64_t>(r) * p.h_pad, permuted_col(col), q);
+
+// Phase 0: every (local route, block) of x, a lane each, lanes numbered warp-major over CTAs so that
+// small calls spread over the SMs.
+template <int kBlock, bool kF16>
+__device__ __forceinline__ void quantize_routes(const Params& p, const Smem<kF16>& sm) {
+  const int nb = p.h_pad / kBlock, items = p.routes * nb;
+  const int gw = (threadIdx.x >> 5) * gridDim.x + blockIdx.x, nl = gridDim.x * kThreads;  // CTA-interleaved
+  for (int i = 32 * gw + (threadIdx.x & 31); i < items; i += nl) {
+    const int r = i / nb, slot = sm.route_slot[r];
+    if (slot >= 0) quantize_block<kBlock, kF16>(p, r, i - r * nb, sm.g1[slot]);
+  }
 }
 
 // One stage of stream_gemm: kU k-tiles of kS weight row tiles (codes and scale words) and of kG
@@ -621,31 +664,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   const int nt = sm.num_touched;
   stamp(p, 1);
 
-  // Phase 0: quantise each routed row of x with its expert's FC1 input scale, one warp per
-  // (route, 32 columns), spread over the whole grid; a warp takes kBatch of its items a step, their
-  // x loads issued together. (Until session 21 it took one: qwen3-30b-a3b T = 64 gives a warp ~15
-  // items, and the phase took 16.8 µs on an H100, one dependent load round per item.) Two, not
-  // four: ptxas spilled 16 bytes in the bf16 kG = 1 kernel with four.
-  {
-    constexpr int kBatch = 2;
-    const int nc = p.h_pad / 32, items = p.routes * nc;
-    const int gw = (threadIdx.x >> 5) * gridDim.x + blockIdx.x, nw = gridDim.x * kWarps;  // CTA-interleaved
-    for (int i0 = gw; i0 < items; i0 += kBatch * nw) {  // warp-uniform
-      float v[kBatch];
-      int slot[kBatch];  // -1: past the items, or a route outside the local experts
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
-        const int i = i0 + k * nw;
-        slot[k] = i < items ? sm.route_slot[i / nc] : -1;
-        v[k] = slot[k] >= 0 ? x_col(p, i / nc, i % nc) : 0.f;
-      }
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
-        const int i = i0 + k * nw;
-        if (slot[k] >= 0) quantize_cols<kF16>(p, i / nc, i % nc, sm.g1[slot[k]], v[k]);  // warp-uniform
-      }
-    }
-  }
+  // Phase 0: quantise each routed row of x with its expert's FC1 input scale, a lane per
+  // (route, block) over the whole grid. (Until session 22 a warp took (route, 32 columns), a lane per
+  // column with the block's amax by shuffles: qwen3-30b-a3b T = 64 gave a warp ~15 such items and the
+  // phase took 16.8 µs on an H100; two items a step with their loads together made it 20.0.)
+  if (quant_block(p.q) == 16) quantize_routes<16, kF16>(p, sm);
+  else quantize_routes<32, kF16>(p, sm);
   stamp(p, 2);
   grid_sync(p.barrier);
   stamp(p, 3);
