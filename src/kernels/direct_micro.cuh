@@ -284,12 +284,25 @@ __device__ __forceinline__ void quantize_part(const Params& p, int r, int b, int
   const int col0 = kBlock * b;
   const __nv_bfloat16* xr = p.x + static_cast<int64_t>(r / p.top_k) * p.hidden;
   const bool in_x = active && col0 < p.hidden;  // hidden is a multiple of kBlock (config.cpp)
-  uint32_t raw[2 * kPieces];
+  uint32_t raw[2 * kPieces];  // piece j's columns {2c, 2c + 1} and {8 + 2c, 9 + 2c} as bf16 pairs
+  if constexpr (kPer == kBlock) {  // the whole block: 16-byte loads (a 16-column group's 8 words)
+    uint4 u[kBlock / 8];
 #pragma unroll
-  for (int j = 0; j < kPieces; ++j) {  // every load issued before the first use
-    const int pc = part * kPieces + j, col = col0 + 16 * (pc >> 2) + 2 * (pc & 3);
-    raw[2 * j] = in_x ? *reinterpret_cast<const uint32_t*>(xr + col) : 0u;
-    raw[2 * j + 1] = in_x ? *reinterpret_cast<const uint32_t*>(xr + col + 8) : 0u;
+    for (int i = 0; i < kBlock / 8; ++i)  // every load issued before the first use
+      u[i] = in_x ? *reinterpret_cast<const uint4*>(xr + col0 + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int j = 0; j < kPieces; ++j) {
+      const uint32_t a[4] = {u[2 * (j >> 2)].x, u[2 * (j >> 2)].y, u[2 * (j >> 2)].z, u[2 * (j >> 2)].w};
+      const uint32_t b[4] = {u[2 * (j >> 2) + 1].x, u[2 * (j >> 2) + 1].y, u[2 * (j >> 2) + 1].z, u[2 * (j >> 2) + 1].w};
+      raw[2 * j] = a[j & 3], raw[2 * j + 1] = b[j & 3];
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kPieces; ++j) {  // every load issued before the first use
+      const int pc = part * kPieces + j, col = col0 + 16 * (pc >> 2) + 2 * (pc & 3);
+      raw[2 * j] = in_x ? *reinterpret_cast<const uint32_t*>(xr + col) : 0u;
+      raw[2 * j + 1] = in_x ? *reinterpret_cast<const uint32_t*>(xr + col + 8) : 0u;
+    }
   }
   float v[kPer];
 #pragma unroll
