@@ -272,86 +272,92 @@ __device__ __forceinline__ void store_act(__nv_bfloat16* dst, long long i, __nv_
   }
 }
 
-// Phase 0 works in pieces: piece c (0..3) of a 16-column group of x holds the group's columns
-// {2c, 2c + 1, 8 + 2c, 9 + 2c}, which the permuted chunk layout (logical column 16·t + 8·half + 2·c + e
-// at c·16 + 4·t + 2·half + e) puts side by side: one 8-byte store. A lane holds kPer values (kPer / 4
-// pieces) of one block of the quantiser, the block over kBlock / kPer neighbouring lanes
-// (quant_dequant_part), so kPer trades the lanes a call needs against each lane's chain of work.
-// Lane `part` of route r's block b: A1[r] = Q1(x[t]) for its pieces; blocks past H are zeros.
-template <int kBlock, int kPer, bool kF16>
-__device__ __forceinline__ void quantize_part(const Params& p, int r, int b, int part, bool active, float g) {
-  constexpr int kPieces = kPer / 4;
-  const int col0 = kBlock * b;
+// Phase 0 item, one warp: columns [32·cb, 32·cb + 32) of routed row r, a lane per column:
+// A1[r] = Q1(x[t]) (blocks of 16 or 32 lanes, amax by shuffles; columns past H are zeros). The warp's
+// stores fill half of one permuted 64-column chunk. Short chains: for calls of one item per warp.
+template <bool kF16>
+__device__ __forceinline__ void quantize_cols(const Params& p, int r, int cb, float g) {
+  const int col = 32 * cb + (threadIdx.x & 31);
   const __nv_bfloat16* xr = p.x + static_cast<int64_t>(r / p.top_k) * p.hidden;
-  const bool in_x = active && col0 < p.hidden;  // hidden is a multiple of kBlock (config.cpp)
-  uint32_t raw[2 * kPieces];  // piece j's columns {2c, 2c + 1} and {8 + 2c, 9 + 2c} as bf16 pairs
-  if constexpr (kPer == kBlock) {  // the whole block: 16-byte loads (a 16-column group's 8 words)
+  const float v = col < p.hidden ? __bfloat162float(xr[col]) : 0.f;
+  const __nv_bfloat16 q = quant_dequant_lanes(p.q, v, g);
+  store_act<kF16>(p.a1 + static_cast<int64_t>(r) * p.h_pad, permuted_col(col), q);
+}
+
+// Phase 0 item, one lane: block b (columns kBlock·b … kBlock·b + kBlock - 1) of routed row r, whole in
+// the lane's registers (quant_dequant_part with kPer = kBlock: no shuffles), from 16-byte loads; blocks
+// past H are zeros. Stored in 8-byte pieces: the permuted chunk layout puts logical column
+// 16·t + 8·half + 2·c + e at c·16 + 4·t + 2·half + e, so columns {2c, 2c + 1, 8 + 2c, 9 + 2c} of a
+// 16-column group sit side by side. Fewer instructions per value than quantize_cols (no shuffles,
+// one scale per block, one division per block): for calls of several items per warp.
+template <int kBlock, bool kF16>
+__device__ __forceinline__ void quantize_block(const Params& p, int r, int b, float g) {
+  const int col0 = kBlock * b;
+  float v[kBlock];
+  if (col0 < p.hidden) {  // hidden is a multiple of kBlock (config.cpp), x 16-byte aligned (runner.cpp)
+    const uint4* xb = reinterpret_cast<const uint4*>(p.x + static_cast<int64_t>(r / p.top_k) * p.hidden + col0);
     uint4 u[kBlock / 8];
 #pragma unroll
-    for (int i = 0; i < kBlock / 8; ++i)  // every load issued before the first use
-      u[i] = in_x ? *reinterpret_cast<const uint4*>(xr + col0 + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
+    for (int i = 0; i < kBlock / 8; ++i) u[i] = xb[i];  // every load issued before the first use
 #pragma unroll
-    for (int j = 0; j < kPieces; ++j) {
-      const uint32_t a[4] = {u[2 * (j >> 2)].x, u[2 * (j >> 2)].y, u[2 * (j >> 2)].z, u[2 * (j >> 2)].w};
-      const uint32_t b[4] = {u[2 * (j >> 2) + 1].x, u[2 * (j >> 2) + 1].y, u[2 * (j >> 2) + 1].z, u[2 * (j >> 2) + 1].w};
-      raw[2 * j] = a[j & 3], raw[2 * j + 1] = b[j & 3];
+    for (int i = 0; i < kBlock / 8; ++i) {
+      const uint32_t w[4] = {u[i].x, u[i].y, u[i].z, u[i].w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[8 * i + j] = fmt::f32_from_bf16(static_cast<uint16_t>(w[j / 2] >> (16 * (j & 1))));
     }
   } else {
 #pragma unroll
-    for (int j = 0; j < kPieces; ++j) {  // every load issued before the first use
-      const int pc = part * kPieces + j, col = col0 + 16 * (pc >> 2) + 2 * (pc & 3);
-      raw[2 * j] = in_x ? *reinterpret_cast<const uint32_t*>(xr + col) : 0u;
-      raw[2 * j + 1] = in_x ? *reinterpret_cast<const uint32_t*>(xr + col + 8) : 0u;
-    }
+    for (int i = 0; i < kBlock; ++i) v[i] = 0.0f;  // padding columns: zeros in every format
   }
-  float v[kPer];
+  __nv_bfloat16 q[kBlock];
+  quant_dequant_part<kBlock, kBlock>(p.q, v, g, q);
+  __nv_bfloat16* chunk = p.a1 + static_cast<int64_t>(r) * p.h_pad + (col0 & ~63);
 #pragma unroll
-  for (int i = 0; i < 2 * kPieces; ++i) {
-    v[2 * i] = fmt::f32_from_bf16(static_cast<uint16_t>(raw[i] & 0xFFFFu));
-    v[2 * i + 1] = fmt::f32_from_bf16(static_cast<uint16_t>(raw[i] >> 16));
-  }
-  __nv_bfloat16 q[kPer];
-  quant_dequant_part<kBlock, kPer>(p.q, v, g, q);  // every lane of the warp: it shuffles
-  if (!active) return;
-  __nv_bfloat16* row = p.a1 + static_cast<int64_t>(r) * p.h_pad;
+  for (int s = 0; s < kBlock; s += 16) {
+    const int t = ((col0 + s) & 63) >> 4;
 #pragma unroll
-  for (int j = 0; j < kPieces; ++j) {
-    const int pc = part * kPieces + j, col = col0 + 16 * (pc >> 2);  // the piece's 16-column group
-    const __nv_bfloat162 lo = __halves2bfloat162(q[4 * j], q[4 * j + 1]);
-    const __nv_bfloat162 hi = __halves2bfloat162(q[4 * j + 2], q[4 * j + 3]);
-    uint2 w;
-    if constexpr (kF16) {
-      const __half2 l = act_f16x2(lo), h = act_f16x2(hi);
-      w = make_uint2(*reinterpret_cast<const uint32_t*>(&l), *reinterpret_cast<const uint32_t*>(&h));
-    } else {
-      w = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    for (int c = 0; c < 4; ++c) {
+      const __nv_bfloat162 lo = __halves2bfloat162(q[s + 2 * c], q[s + 2 * c + 1]);
+      const __nv_bfloat162 hi = __halves2bfloat162(q[s + 8 + 2 * c], q[s + 9 + 2 * c]);
+      uint2 w;
+      if constexpr (kF16) {
+        const __half2 l = act_f16x2(lo), h = act_f16x2(hi);
+        w = make_uint2(*reinterpret_cast<const uint32_t*>(&l), *reinterpret_cast<const uint32_t*>(&h));
+      } else {
+        w = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+      }
+      *reinterpret_cast<uint2*>(chunk + c * 16 + t * 4) = w;
     }
-    *reinterpret_cast<uint2*>(row + (col & ~63) + (pc & 3) * 16 + ((col & 63) >> 4) * 4) = w;
   }
 }
 
-// Phase 0 over every (route, block, part), lanes numbered warp-major over CTAs so that small calls
-// spread over the SMs; whole warps step together (quant_dequant_part shuffles).
-template <int kBlock, int kPer, bool kF16>
-__device__ __forceinline__ void quantize_routes(const Params& p, const Smem<kF16>& sm) {
-  constexpr int kLanes = kBlock / kPer;
-  const int nb = p.h_pad / kBlock, lanes = p.routes * nb * kLanes;
-  const int gw = (threadIdx.x >> 5) * gridDim.x + blockIdx.x, nl = gridDim.x * kThreads;  // CTA-interleaved
-  for (int i0 = 32 * gw; i0 < lanes; i0 += nl) {  // warp-uniform
-    const int i = i0 + (threadIdx.x & 31), blk = i / kLanes, r = blk / nb;
-    const int slot = i < lanes ? sm.route_slot[r] : -1;  // the same for all lanes of a block
-    quantize_part<kBlock, kPer, kF16>(p, r, blk - r * nb, i % kLanes, slot >= 0, slot >= 0 ? sm.g1[slot] : 0.0f);
-  }
-}
-
-// Phase 0's choice: four values a lane while that covers the call in one round of the grid's lanes
-// (short chains: T ≤ 16 at qwen3-30b-a3b), else a whole block a lane (a quarter of the lanes).
+// Phase 0: quantise each routed row of x with its expert's FC1 input scale over the whole grid (items
+// CTA-interleaved, so small calls spread over the SMs). A warp per (route, 32 columns) while that is
+// at most one item per warp (T = 1 … 4 at qwen3-30b-a3b on an H100: the shortest chains), else a lane
+// per (route, block). Session 22 (H100, qwen3-30b-a3b a4): at T = 64 the warp items took phase 0
+// 16.8 µs (~15 items a warp, issue-bound), lanes 2.7 µs; at T = 1 lanes took 1.66 against 1.0-1.3.
 template <int kBlock, bool kF16>
-__device__ __forceinline__ void quantize_all_routes(const Params& p, const Smem<kF16>& sm) {
-  if (static_cast<int64_t>(p.routes) * (p.h_pad / 4) <= static_cast<int64_t>(gridDim.x) * kThreads)
-    quantize_routes<kBlock, 4, kF16>(p, sm);
-  else
-    quantize_routes<kBlock, kBlock, kF16>(p, sm);
+__device__ __forceinline__ void quantize_blocks(const Params& p, const Smem<kF16>& sm, int gw, int nw) {
+  const int nb = p.h_pad / kBlock, items = p.routes * nb;
+  for (int i = 32 * gw + (threadIdx.x & 31); i < items; i += 32 * nw) {
+    const int r = i / nb, slot = sm.route_slot[r];
+    if (slot >= 0) quantize_block<kBlock, kF16>(p, r, i - r * nb, sm.g1[slot]);
+  }
+}
+template <bool kF16>
+__device__ __forceinline__ void quantize_routes(const Params& p, const Smem<kF16>& sm) {
+  const int gw = (threadIdx.x >> 5) * gridDim.x + blockIdx.x, nw = gridDim.x * kWarps;  // CTA-interleaved
+  const int nc = p.h_pad / 32;
+  if (p.routes * nc <= nw) {
+    for (int i = gw; i < p.routes * nc; i += nw) {  // warp-uniform
+      const int r = i / nc, slot = sm.route_slot[r];
+      if (slot >= 0) quantize_cols<kF16>(p, r, i % nc, sm.g1[slot]);
+    }
+  } else if (quant_block(p.q) == 16) {
+    quantize_blocks<16, kF16>(p, sm, gw, nw);
+  } else {
+    quantize_blocks<32, kF16>(p, sm, gw, nw);
+  }
 }
 
 // One stage of stream_gemm: kU k-tiles of kS weight row tiles (codes and scale words) and of kG
@@ -687,13 +693,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
   const int nt = sm.num_touched;
   stamp(p, 1);
 
-  // Phase 0: quantise each routed row of x with its expert's FC1 input scale over the whole grid, a
-  // lane per piece or per block (quantize_all_routes). (Until session 22 a warp took (route, 32
-  // columns), a lane per column, the block's amax by four rounds of shuffles and 2-byte stores:
-  // qwen3-30b-a3b T = 64 gave a warp ~15 such items and the phase took 16.8 µs on an H100, issue-bound;
-  // a lane per block took 2.7 µs but 0.4-0.6 µs longer than before at T = 1, one lane's chain.)
-  if (quant_block(p.q) == 16) quantize_all_routes<16, kF16>(p, sm);
-  else quantize_all_routes<32, kF16>(p, sm);
+  quantize_routes<kF16>(p, sm);  // phase 0
   stamp(p, 2);
   grid_sync(p.barrier);
   stamp(p, 3);
