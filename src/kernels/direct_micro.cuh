@@ -284,79 +284,75 @@ __device__ __forceinline__ void quantize_cols(const Params& p, int r, int cb, fl
   store_act<kF16>(p.a1 + static_cast<int64_t>(r) * p.h_pad, permuted_col(col), q);
 }
 
-// Phase 0 item, one lane: block b (columns kBlock·b … kBlock·b + kBlock - 1) of routed row r, whole in
-// the lane's registers (quant_dequant_part with kPer = kBlock: no shuffles), from 16-byte loads; blocks
-// past H are zeros. Stored in 8-byte pieces: the permuted chunk layout puts logical column
-// 16·t + 8·half + 2·c + e at c·16 + 4·t + 2·half + e, so columns {2c, 2c + 1, 8 + 2c, 9 + 2c} of a
-// 16-column group sit side by side. Fewer instructions per value than quantize_cols (no shuffles,
-// one scale per block, one division per block): for calls of several items per warp.
-template <int kBlock, bool kF16>
-__device__ __forceinline__ void quantize_block(const Params& p, int r, int b, float g) {
-  const int col0 = kBlock * b;
-  float v[kBlock];
-  if (col0 < p.hidden) {  // hidden is a multiple of kBlock (config.cpp), x 16-byte aligned (runner.cpp)
+// Phase 0 item of the f16 variant (NVFP4 a4), one lane: NVFP4 block b (columns 16·b … 16·b + 15) of
+// routed row r, from two 16-byte loads kept as bf16 words; blocks past H are zeros. The same steps as
+// quant_dequant_block (bit for bit: __floats2bfloat162_rn rounds each half as __float2bfloat16_rn),
+// then f16 (act_f16x2, exact). Stored in 8-byte pieces: the permuted chunk layout puts logical column
+// 16·t + 8·half + 2·c + e at c·16 + 4·t + 2·half + e, so columns {2c, 2c + 1, 8 + 2c, 9 + 2c} sit side
+// by side. Fewer instructions per value than quantize_cols (no shuffles, one scale and one division
+// per block): for calls of several items per warp.
+__device__ __forceinline__ void quantize_block_f16(const Params& p, int r, int b, float g) {
+  const int col0 = 16 * b;
+  uint32_t w[8];  // bf16 pairs: columns 2k, 2k + 1 in word k
+  if (col0 < p.hidden) {  // hidden is a multiple of 16 (config.cpp), x 16-byte aligned (runner.cpp)
     const uint4* xb = reinterpret_cast<const uint4*>(p.x + static_cast<int64_t>(r / p.top_k) * p.hidden + col0);
-    uint4 u[kBlock / 8];
-#pragma unroll
-    for (int i = 0; i < kBlock / 8; ++i) u[i] = xb[i];  // every load issued before the first use
-#pragma unroll
-    for (int i = 0; i < kBlock / 8; ++i) {
-      const uint32_t w[4] = {u[i].x, u[i].y, u[i].z, u[i].w};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[8 * i + j] = fmt::f32_from_bf16(static_cast<uint16_t>(w[j / 2] >> (16 * (j & 1))));
-    }
+    const uint4 u0 = xb[0], u1 = xb[1];
+    w[0] = u0.x, w[1] = u0.y, w[2] = u0.z, w[3] = u0.w, w[4] = u1.x, w[5] = u1.y, w[6] = u1.z, w[7] = u1.w;
   } else {
 #pragma unroll
-    for (int i = 0; i < kBlock; ++i) v[i] = 0.0f;  // padding columns: zeros in every format
+    for (int i = 0; i < 8; ++i) w[i] = 0u;  // padding columns: zeros
   }
-  __nv_bfloat16 q[kBlock];
-  quant_dequant_part<kBlock, kBlock>(p.q, v, g, q);
-  __nv_bfloat16* chunk = p.a1 + static_cast<int64_t>(r) * p.h_pad + (col0 & ~63);
+  const auto lo = [](uint32_t x) { return fmt::f32_from_bf16(static_cast<uint16_t>(x & 0xFFFFu)); };
+  const auto hi = [](uint32_t x) { return fmt::f32_from_bf16(static_cast<uint16_t>(x >> 16)); };
+  float amax = 0.0f;  // as fmt::block_amax: a NaN never raises amax, and marks the block
+  int nan = 0;
 #pragma unroll
-  for (int s = 0; s < kBlock; s += 16) {
-    const int t = ((col0 + s) & 63) >> 4;
+  for (int i = 0; i < 16; ++i) {
+    const float v = i & 1 ? hi(w[i / 2]) : lo(w[i / 2]);
+    const int n = fmt::is_nan(v);
+    nan |= n;
+    const float a = n ? 0.0f : fmt::abs_f(v);
+    amax = a > amax ? a : amax;
+  }
+  const fmt::Nvfp4Block nb = fmt::nvfp4_block(amax, nan != 0, g);
+  const float sc = fmt::e4m3_decode(nb.scale);
+  const auto round = [&](float v) { return nvfp4_elem(v, nb) * sc; };
+  __half* chunk = reinterpret_cast<__half*>(p.a1 + static_cast<int64_t>(r) * p.h_pad + (col0 & ~63));
+  const int t = (col0 & 63) >> 4;
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const __nv_bfloat162 lo = __halves2bfloat162(q[s + 2 * c], q[s + 2 * c + 1]);
-      const __nv_bfloat162 hi = __halves2bfloat162(q[s + 8 + 2 * c], q[s + 9 + 2 * c]);
-      uint2 w;
-      if constexpr (kF16) {
-        const __half2 l = act_f16x2(lo), h = act_f16x2(hi);
-        w = make_uint2(*reinterpret_cast<const uint32_t*>(&l), *reinterpret_cast<const uint32_t*>(&h));
-      } else {
-        w = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
-      }
-      *reinterpret_cast<uint2*>(chunk + c * 16 + t * 4) = w;
-    }
+  for (int c = 0; c < 4; ++c) {
+    const uint32_t x0 = w[c], x1 = w[4 + c];  // columns 2c, 2c + 1 and 8 + 2c, 9 + 2c
+    const __half2 l = act_f16x2(__floats2bfloat162_rn(round(lo(x0)), round(hi(x0))));
+    const __half2 h = act_f16x2(__floats2bfloat162_rn(round(lo(x1)), round(hi(x1))));
+    *reinterpret_cast<uint2*>(chunk + c * 16 + t * 4) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&l), *reinterpret_cast<const uint32_t*>(&h));
   }
 }
 
 // Phase 0: quantise each routed row of x with its expert's FC1 input scale over the whole grid (items
-// CTA-interleaved, so small calls spread over the SMs). A warp per (route, 32 columns) while that is
-// at most one item per warp (T = 1 … 4 at qwen3-30b-a3b on an H100: the shortest chains), else a lane
-// per (route, block). Session 22 (H100, qwen3-30b-a3b a4): at T = 64 the warp items took phase 0
-// 16.8 µs (~15 items a warp, issue-bound), lanes 2.7 µs; at T = 1 lanes took 1.66 against 1.0-1.3.
-template <int kBlock, bool kF16>
-__device__ __forceinline__ void quantize_blocks(const Params& p, const Smem<kF16>& sm, int gw, int nw) {
-  const int nb = p.h_pad / kBlock, items = p.routes * nb;
-  for (int i = 32 * gw + (threadIdx.x & 31); i < items; i += 32 * nw) {
-    const int r = i / nb, slot = sm.route_slot[r];
-    if (slot >= 0) quantize_block<kBlock, kF16>(p, r, i - r * nb, sm.g1[slot]);
-  }
-}
+// CTA-interleaved, so small calls spread over the SMs): a warp per (route, 32 columns); in the f16
+// variant, once a call has more of those items than warps, a lane per (route, NVFP4 block) instead.
+// Session 22 (H100, qwen3-30b-a3b a4): T = 64 gave ~15 warp items a warp and phase 0 took 16.8 µs
+// (issue-bound), a lane per block 2.7 µs (bench 208.8 → 196 µs); at T = 1 lanes took 1.66 µs against
+// ~1.0-1.3. The bf16 variant keeps the warp items: with lanes per block, ptxas spilled 4-16 bytes in
+// its kG = 1 kernel and a16 T = 1 rows ran 2-5 µs slower (a16's phase 0 is a copy: little to win).
 template <bool kF16>
 __device__ __forceinline__ void quantize_routes(const Params& p, const Smem<kF16>& sm) {
   const int gw = (threadIdx.x >> 5) * gridDim.x + blockIdx.x, nw = gridDim.x * kWarps;  // CTA-interleaved
   const int nc = p.h_pad / 32;
-  if (p.routes * nc <= nw) {
-    for (int i = gw; i < p.routes * nc; i += nw) {  // warp-uniform
-      const int r = i / nc, slot = sm.route_slot[r];
-      if (slot >= 0) quantize_cols<kF16>(p, r, i % nc, sm.g1[slot]);
+  if constexpr (kF16) {
+    if (p.routes * nc > nw) {
+      const int nb = p.h_pad / 16, items = p.routes * nb;
+      for (int i = 32 * gw + (threadIdx.x & 31); i < items; i += 32 * nw) {
+        const int r = i / nb, slot = sm.route_slot[r];
+        if (slot >= 0) quantize_block_f16(p, r, i - r * nb, sm.g1[slot]);
+      }
+      return;
     }
-  } else if (quant_block(p.q) == 16) {
-    quantize_blocks<16, kF16>(p, sm, gw, nw);
-  } else {
-    quantize_blocks<32, kF16>(p, sm, gw, nw);
+  }
+  for (int i = gw; i < p.routes * nc; i += nw) {  // warp-uniform
+    const int r = i / nc, slot = sm.route_slot[r];
+    if (slot >= 0) quantize_cols<kF16>(p, r, i % nc, sm.g1[slot]);
   }
 }
 

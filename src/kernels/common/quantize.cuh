@@ -76,63 +76,33 @@ __device__ __forceinline__ void quant_dequant_block(QuantKind q, const float (&v
   }
 }
 
-// The same quantise-dequantise with the block spread over kBlock / kPer consecutive lanes of a warp,
-// kPer values each (the groups start at lanes that are multiples of kBlock / kPer; which of the
-// block's values a lane holds does not matter), every lane of the warp taking part. amax and NaN are
-// reduced across the group (max and or are order-free), so codes and scales equal
-// quant_dequant_block's bit for bit. kPer = kBlock: one lane holds the whole block, no shuffles.
-template <int kBlock, int kPer>
-__device__ __forceinline__ void quant_dequant_part(QuantKind q, const float (&v)[kPer], float g,
-                                                   __nv_bfloat16 (&out)[kPer]) {
-  static_assert(kBlock % kPer == 0 && kBlock / kPer <= 32, "a block over whole lanes of one warp");
-  if (q == QuantKind::kNone) {
+// The same quantise-dequantise with the block spread over kBlock consecutive lanes of a warp (lane i
+// of the group holds element i; the groups start at lanes that are multiples of kBlock), every lane
+// of the warp taking part. amax and NaN are reduced across the group (max and or are
+// order-free), so codes and scales equal quant_dequant_block's bit for bit.
+template <int kBlock>
+__device__ __forceinline__ __nv_bfloat16 quant_dequant_lanes(QuantKind q, float v, float g) {
+  if (q == QuantKind::kNone) return __float2bfloat16_rn(v);
+  int nan = fmt::is_nan(v);
+  float amax = nan ? 0.0f : fmt::abs_f(v);  // block_amax: NaN never raises amax
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) out[i] = __float2bfloat16_rn(v[i]);
-    return;
-  }
-  int nan = 0;
-  float amax = 0.0f;  // block_amax: NaN never raises amax
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int n = fmt::is_nan(v[i]);
-    const float a = n ? 0.0f : fmt::abs_f(v[i]);
-    nan |= n;
-    amax = a > amax ? a : amax;
-  }
-#pragma unroll
-  for (int o = kBlock / kPer / 2; o > 0; o >>= 1) {
+  for (int o = kBlock / 2; o > 0; o >>= 1) {
     const float other = __shfl_xor_sync(0xffffffffu, amax, o);
     amax = other > amax ? other : amax;
     nan |= __shfl_xor_sync(0xffffffffu, nan, o);
   }
   if constexpr (kBlock == fmt::kNvfp4Block) {
     const fmt::Nvfp4Block b = fmt::nvfp4_block(amax, nan != 0, g);
-    const float s = fmt::e4m3_decode(b.scale);
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) out[i] = __float2bfloat16_rn(nvfp4_elem(v[i], b) * s);
+    return __float2bfloat16_rn(nvfp4_elem(v, b) * fmt::e4m3_decode(b.scale));
   } else {
     static_assert(kBlock == fmt::kMxBlock);
     if (q == QuantKind::kMxfp4) {
       const fmt::MxBlock b = fmt::mx_block(amax, nan != 0, fmt::kE2M1Max);
-      const float s = fmt::ue8m0_decode(b.scale);
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) out[i] = __float2bfloat16_rn(mxfp4_elem(v[i], b) * s);
-    } else {
-      const fmt::MxBlock b = fmt::mx_block(amax, nan != 0, fmt::kE4M3Max);
-      const float s = fmt::ue8m0_decode(b.scale);
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) out[i] = __float2bfloat16_rn(mxfp8_elem(v[i], b) * s);
+      return __float2bfloat16_rn(mxfp4_elem(v, b) * fmt::ue8m0_decode(b.scale));
     }
+    const fmt::MxBlock b = fmt::mx_block(amax, nan != 0, fmt::kE4M3Max);
+    return __float2bfloat16_rn(mxfp8_elem(v, b) * fmt::ue8m0_decode(b.scale));
   }
-}
-
-// A lane per value: quant_dequant_part with kPer = 1.
-template <int kBlock>
-__device__ __forceinline__ __nv_bfloat16 quant_dequant_lanes(QuantKind q, float v, float g) {
-  const float in[1] = {v};
-  __nv_bfloat16 out[1];
-  quant_dequant_part<kBlock, 1>(q, in, g, out);
-  return out[0];
 }
 
 // quant_dequant_lanes for the block size of q (quant_block: 16 lanes for NVFP4 and kNone, 32 for MX).
