@@ -25,6 +25,26 @@ struct Params;  // kernels/static_moe.cuh
 
 namespace fp4moe::gpu {
 
+// The configuration of a launch that may start while the kernel before it in the stream still runs
+// (programmatic dependent launch, sm_90; captured into CUDA graphs as a programmatic edge): the
+// kernel must call ptx::wait_prior_grids() in every CTA before it touches what the kernels before it
+// write (kernels/common/ptx.cuh). dynamic's chain uses it (launch_dynamic.cu). Launch with
+// cudaLaunchKernelEx(&l.config, kernel, args...) or cudaLaunchKernelExC(&l.config, kernel, argv).
+struct DependentLaunch {
+  cudaLaunchAttribute attr[1];
+  cudaLaunchConfig_t config;
+  // dependent = false: an ordinary launch through the same call.
+  DependentLaunch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool dependent = true) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    config = cudaLaunchConfig_t{};
+    config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem, config.stream = stream;
+    config.attrs = attr, config.numAttrs = dependent ? 1 : 0;
+  }
+  DependentLaunch(const DependentLaunch&) = delete;  // config.attrs points into this object
+  DependentLaunch& operator=(const DependentLaunch&) = delete;
+};
+
 // NVFP4 weights with NVFP4 activations (mode a4): every operand value is exact in f16
 // (docs/numerics.md), so direct_micro and dynamic's register path run these calls on f16 tensor cores.
 inline bool f16_operands(const MoeConfig& c) { return c.format == WeightFormat::kNVFP4 && c.mode == ActMode::kA4; }
@@ -59,9 +79,10 @@ void launch_generic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace
 // with a1_f16: dynamic's NVFP4-a4 register path), the top-k sum of Y into out, and the GEMM
 // parameters of FC1 (fc1) or FC2.
 void launch_route(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, int tile_m);
+// dependent: launched as a programmatic dependent of the kernel before (DependentLaunch).
 void launch_gather_quantize(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a,
-                            bool a1_f16 = false);
-void launch_combine(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a);
+                            bool a1_f16 = false, bool dependent = false);
+void launch_combine(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, bool dependent = false);
 kernels::MoeGemmParams moe_gemm_params(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws,
                                        const RunArgs& a, bool fc1);
 // The parameters of those pieces, for the static backend, which runs them inside its own launch:

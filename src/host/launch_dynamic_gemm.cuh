@@ -99,8 +99,10 @@ void launch_dynamic_gemm_bm(const DynamicWorkspace& ws, const kernels::MoeGemmPa
   kernels::dynamic::TensorMaps maps = register_path_maps(p, BM, fc1);
   int n = n_tiles;
   void* argv[] = {&args, &maps, &n, &watchdog};
-  FP4MOE_CUDA_CHECK(cudaLaunchKernel(dynamic_gemm_kernel<BM>(fc1, p.f16), dim3(grid), dim3(kernels::dynamic::kThreads),
-                                     argv, smem, s));
+  // A programmatic dependent of the kernel before (the gather, or FC1): the CTAs' set-up overlaps its
+  // tail (gemm_kernel waits for it after start_cta).
+  const DependentLaunch l(dim3(grid), dim3(kernels::dynamic::kThreads), smem, s);
+  FP4MOE_CUDA_CHECK(cudaLaunchKernelExC(&l.config, dynamic_gemm_kernel<BM>(fc1, p.f16), argv));
 }
 
 // One translation unit's instantiations for BM.

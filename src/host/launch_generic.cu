@@ -81,6 +81,14 @@ void launch_route(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, in
   FP4MOE_CHECK_LAUNCH("route_place_kernel");
 }
 
+// A kernel without dynamic shared memory taking one parameter struct, launched as a programmatic
+// dependent of the kernel before (DependentLaunch) or as an ordinary launch.
+template <class Params>
+void launch_small(void (*kernel)(Params), dim3 grid, dim3 block, cudaStream_t stream, bool dependent, const Params& p) {
+  const DependentLaunch l(grid, block, 0, stream, dependent);
+  FP4MOE_CUDA_CHECK(cudaLaunchKernelEx(&l.config, kernel, p));
+}
+
 kernels::generic::GatherParams gather_params(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws,
                                              const RunArgs& a, bool a1_f16) {
   FP4MOE_REQUIRE(!a1_f16 || f16_operands(c), InvalidArgument, "a1_f16",
@@ -91,23 +99,22 @@ kernels::generic::GatherParams gather_params(const MoeConfig& c, const DeviceWei
 }
 
 void launch_gather_quantize(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a,
-                            bool a1_f16) {
+                            bool a1_f16, bool dependent) {
   const gk::GatherParams gp = gather_params(c, w, ws, a, a1_f16);
   const int64_t warps = a.tokens * gk::gather_chunks(w.h_pad, gp.q1);
-  gk::gather_quantize_kernel<<<static_cast<unsigned>((warps + gk::kGatherWarps - 1) / gk::kGatherWarps),
-                               gk::kGatherWarps * 32, 0, a.stream>>>(gp);
-  FP4MOE_CHECK_LAUNCH("gather_quantize_kernel");
+  launch_small(gk::gather_quantize_kernel, dim3(static_cast<unsigned>((warps + gk::kGatherWarps - 1) / gk::kGatherWarps)),
+               dim3(gk::kGatherWarps * 32), a.stream, dependent, gp);
 }
 
 kernels::generic::CombineParams combine_params(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a) {
   return {ws.y.get<float>(), ws.route_row.get<int>(), c.top_k, c.hidden, a.out, c.output_dtype == OutputDType::kFP32};
 }
 
-void launch_combine(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a) {
+void launch_combine(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, bool dependent) {
   const gk::CombineParams cp = combine_params(c, ws, a);
   const unsigned cy = static_cast<unsigned>((c.hidden / 4 + gk::kCombineThreads - 1) / gk::kCombineThreads);
-  gk::combine_kernel<<<dim3(static_cast<unsigned>(a.tokens), cy), gk::kCombineThreads, 0, a.stream>>>(cp);
-  FP4MOE_CHECK_LAUNCH("combine_kernel");
+  launch_small(gk::combine_kernel, dim3(static_cast<unsigned>(a.tokens), cy), dim3(gk::kCombineThreads), a.stream,
+               dependent, cp);
 }
 
 kernels::MoeGemmParams moe_gemm_params(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws,

@@ -438,7 +438,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<BM, kF16>)
     gemm_kernel(MoeGemmParams p, const __grid_constant__ TensorMaps maps, int n_tiles, int* watchdog) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   Smem<BM, kF16>& sm = aligned_smem<Smem<BM, kF16>>(smem_raw);
+  // Launched as a programmatic dependent (launch_dynamic.cu): the CTA's set-up (barriers, the bf16
+  // variant's tables) overlaps the tail of the kernel before; everything after the wait reads its
+  // output. The kernel after this one may launch now: it waits for this one to complete.
+  ptx::launch_dependents();
   start_cta(sm, p.nvfp4);
+  ptx::wait_prior_grids();
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int work = *p.num_tiles * n_tiles;
   uint32_t it = 0;

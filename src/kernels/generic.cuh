@@ -154,11 +154,17 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
   else fc2_store_rows<BN>(p, &sm.c[0][0], BN + 4, valid, row0, y, tid, kThreads);                    // → Y
 }
 
+// The gather and the combine may be launched as programmatic dependents (dynamic's chain,
+// launch_dynamic.cu): each waits for the kernels before it first; the gather lets the GEMM after it
+// launch early.
 __global__ void __launch_bounds__(kGatherWarps * 32) gather_quantize_kernel(GatherParams p) {
+  ptx::launch_dependents();
+  ptx::wait_prior_grids();
   gather_unit(p, static_cast<int64_t>(blockIdx.x) * kGatherWarps + (threadIdx.x >> 5), threadIdx.x & 31);
 }
 
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams p) {
+  ptx::wait_prior_grids();
   const int c = (blockIdx.y * kCombineThreads + threadIdx.x) * 4;
   if (c < p.hidden) combine4(p, blockIdx.x, c);
 }

@@ -5,11 +5,15 @@
 #include <cub/block/block_scan.cuh>
 #include <cstdint>
 
+#include "kernels/common/ptx.cuh"
 #include "kernels/common/routing.cuh"
 
 namespace fp4moe::kernels {
 
+// route_kernel and route_place_kernel end the routing: the gather after them may be launched early
+// (ptx::launch_dependents; dynamic's chain, launch_dynamic.cu), and waits for them to complete.
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(RoutingParams p) {
+  ptx::launch_dependents();
   __shared__ typename cub::BlockScan<int, kRouteThreads>::TempStorage scan_storage;
   __shared__ int count[kRouteThreads];
   route_one_cta<kRouteThreads, 1>(p, count, scan_storage);
@@ -49,6 +53,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_scan_kernel(RoutingParams
 // 3. Per chunk again: the histogram, one global atomic per touched expert to take a run of rows,
 // then each route a row of its expert's run.
 __global__ void __launch_bounds__(kRouteChunkThreads) route_place_kernel(RoutingParams p, int* cursor) {
+  ptx::launch_dependents();
   __shared__ int hist[kRouteMaxExperts], base[kRouteMaxExperts];
   chunk_histogram(p, hist);
   for (int e = threadIdx.x; e < p.experts; e += blockDim.x) {

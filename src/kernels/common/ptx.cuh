@@ -6,6 +6,16 @@
 
 namespace fp4moe::kernels::ptx {
 
+// Programmatic dependent launch (sm_90). A kernel launched with the programmatic-serialization
+// attribute (host: launch.h launch_attrs) may start while the kernel before it in the stream is still
+// running, once every CTA of that kernel has called launch_dependents() or exited; wait_prior_grids()
+// then blocks until the kernels before it have completed and their memory is visible. A kernel so
+// launched must call wait_prior_grids() in every CTA before it touches memory the kernels before it
+// write or read (and before any early exit: the kernel after it counts on its completion meaning its
+// predecessors' too). Both are no-ops where no such launch is involved.
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_prior_grids() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
 // Shared-memory address of a generic pointer (for ldmatrix / cp.async operands).
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
