@@ -2,7 +2,9 @@
 # Recompiles the wgmma kernels' translation units of a configured build directory with ptxas's
 # report (-Xptxas -v) and fails if ptxas serialised any wgmma (its "C7513"/"C7515"/"C7510" notes:
 # a wait after every HGMMA, which cost the register path up to 20 % in session 12, bench/results/
-# NOTES.md); it also prints each unit's spill-store bytes. No GPU needed; ~30 s a unit uncached.
+# NOTES.md); it also prints each unit's spill-store bytes. It fails too if the direct_micro unit spills
+# at all: in session 22 a few bytes of spills in its bf16 kG = 1 kernel (from extra phase-0 code)
+# cost every a16 T = 1 row 2-5 us on an H100. No GPU needed; ~30 s a unit uncached.
 #   scripts/ptxas_check.sh [BUILD_DIR]        (default: build, relative to the current directory)
 set -uo pipefail
 build=$(cd "${1:-build}" 2>/dev/null && pwd) || { echo "ptxas_check.sh: no directory ${1:-build}" >&2; exit 2; }
@@ -19,4 +21,9 @@ for tu in launch_dynamic_bm32 launch_dynamic_bm64 launch_dynamic_bm128 launch_dy
   echo "$tu: serialised-wgmma notes $serial, spill-store bytes $spill"
   [ "$serial" -eq 0 ] || { grep -E "\(C751[035]\)" <<< "$out" | cut -c1-160; fail=1; }
 done
+cmd=$(cd "$build" && ninja -t commands | grep -E "nvcc.* -c .*/launch_direct_micro\.cu" | tail -1)
+[ -n "$cmd" ] || { echo "ptxas_check.sh: no compile command for launch_direct_micro.cu in $build" >&2; exit 2; }
+spill=$(cd "$build" && eval "$cmd -Xptxas -v" 2>&1 | grep -E "bytes spill stores" | awk '{s += $5} END {print s + 0}')
+echo "launch_direct_micro: spill-store bytes $spill (must be 0)"
+[ "$spill" -eq 0 ] || fail=1
 exit $fail
