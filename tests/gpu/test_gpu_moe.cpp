@@ -485,6 +485,58 @@ TEST(GpuDynamic, DeterministicInAGraphAndPickedByAutoAboveDirectMicro) {
   expect_graph_replays_deterministic(p, r, 5);
 }
 
+// Calls queued back to back on one stream with no sync between them. dynamic's kernels after the
+// routing are programmatic dependents (launch_dynamic.cu): each starts before the one before it ends
+// and waits for it before reading its output. Every queued call must give what it gives alone, so
+// no kernel of one call reads what a later kernel (of it or of the next call) writes, or the other
+// way round. Two sizes alternate (other tile lists and rows), in both GEMM variants: NVFP4-a4 (f16)
+// and a16 (the bf16 tables, the longer set-up that overlaps the kernel before).
+TEST(GpuDynamic, BackToBackCallsOnOneStreamStayApart) {
+  REQUIRE_SM90();
+  for (const ActMode m : {ActMode::kA4, ActMode::kA16}) {
+    const MoeConfig c = make_config(64, 512, 256, 8, WeightFormat::kNVFP4, m, Activation::kSilu, true);
+    const Problem a = testkit::make_problem({c, 40, 81});
+    Problem b = testkit::make_problem({c, 9, 82});
+    b.checkpoint = a.checkpoint;
+    PreparedWeights w = prepare_weights(c, a.checkpoint.view(), {.device = 0});
+    MoeRunner r(c, w, {.max_tokens = 40, .backend = Backend::kDynamic});
+    ASSERT_EQ(r.plan(40), Backend::kDynamic);
+    ASSERT_EQ(r.plan(9), Backend::kDynamic);
+    const Problem* ps[2] = {&a, &b};
+    DeviceInputs ia(a), ib(b);
+    DeviceInputs* ins[2] = {&ia, &ib};
+    std::vector<uint16_t> alone[2];  // each call run alone, synchronised, and checked
+    for (int k = 0; k < 2; ++k) {
+      DeviceArray<uint16_t> out(ps[k]->tokens * c.hidden);
+      out.fill_bytes(&testkit::kPoisonBF16, 2);
+      r.run(ins[k]->x.get(), ins[k]->ids.get(), IndexType::kInt32, ins[k]->w.get(), out.get(), ps[k]->tokens);
+      GPU_CHECK(cudaDeviceSynchronize());
+      alone[k] = out.download();
+      const auto acc = check_against_reference(*ps[k], alone[k].data(), testkit::default_tolerance(c));
+      EXPECT_TRUE(acc.pass) << to_string(m) << " T=" << ps[k]->tokens << ": " << acc.summary();
+    }
+    constexpr int kCalls = 12;
+    std::vector<DeviceArray<uint16_t>> outs;
+    for (int i = 0; i < kCalls; ++i) {
+      outs.emplace_back(ps[i % 2]->tokens * c.hidden);
+      outs.back().fill_bytes(&testkit::kPoisonBF16, 2);
+    }
+    cudaStream_t s;
+    GPU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (int i = 0; i < kCalls; ++i) {
+      const int k = i % 2;
+      r.run(ins[k]->x.get(), ins[k]->ids.get(), IndexType::kInt32, ins[k]->w.get(), outs[i].get(), ps[k]->tokens, s);
+    }
+    GPU_CHECK(cudaStreamSynchronize(s));
+    GPU_CHECK(cudaStreamDestroy(s));
+    for (int i = 0; i < kCalls; ++i) {
+      const auto o = outs[i].download();
+      EXPECT_EQ(0, std::memcmp(o.data(), alone[i % 2].data(), o.size() * 2))
+          << to_string(m) << ": queued call " << i << " (T=" << ps[i % 2]->tokens << ") differs from the same call alone";
+    }
+  }
+}
+
 // The bf16 path with the copy holding 3 of 8 experts: groups of 3, 3, 2 in one call, against the
 // reference, replayed in a graph; the line between the paths on one runner; budgets refused by name.
 TEST(GpuDynamic, Bf16PathMatchesReferenceAndReplays) {
