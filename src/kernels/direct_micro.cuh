@@ -285,45 +285,34 @@ __device__ __forceinline__ void quantize_cols(const Params& p, int r, int cb, fl
 }
 
 // Phase 0 item of the f16 variant (NVFP4 a4), one lane: NVFP4 block b (columns 16·b … 16·b + 15) of
-// routed row r, from two 16-byte loads kept as bf16 words; blocks past H are zeros. The same steps as
-// quant_dequant_block (bit for bit: __floats2bfloat162_rn rounds each half as __float2bfloat16_rn),
-// then f16 (act_f16x2, exact). Stored in 8-byte pieces: the permuted chunk layout puts logical column
-// 16·t + 8·half + 2·c + e at c·16 + 4·t + 2·half + e, so columns {2c, 2c + 1, 8 + 2c, 9 + 2c} sit side
-// by side. Fewer instructions per value than quantize_cols (no shuffles, one scale and one division
-// per block): for calls of several items per warp.
+// routed row r, from two 16-byte loads, quantised whole in the lane (quant_dequant_block: no
+// shuffles, one scale and one division per block), then f16 (act_f16x2, exact); blocks past H are
+// zeros. Stored in 8-byte pieces: the permuted chunk layout puts logical column 16·t + 8·half + 2·c + e
+// at c·16 + 4·t + 2·half + e, so columns {2c, 2c + 1, 8 + 2c, 9 + 2c} sit side by side. Fewer
+// instructions per value than quantize_cols: for calls of several items per warp.
 __device__ __forceinline__ void quantize_block_f16(const Params& p, int r, int b, float g) {
   const int col0 = 16 * b;
-  uint32_t w[8];  // bf16 pairs: columns 2k, 2k + 1 in word k
+  float v[16];
   if (col0 < p.hidden) {  // hidden is a multiple of 16 (config.cpp), x 16-byte aligned (runner.cpp)
     const uint4* xb = reinterpret_cast<const uint4*>(p.x + static_cast<int64_t>(r / p.top_k) * p.hidden + col0);
-    const uint4 u0 = xb[0], u1 = xb[1];
-    w[0] = u0.x, w[1] = u0.y, w[2] = u0.z, w[3] = u0.w, w[4] = u1.x, w[5] = u1.y, w[6] = u1.z, w[7] = u1.w;
+    const uint4 u[2] = {xb[0], xb[1]};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const uint32_t w = reinterpret_cast<const uint32_t*>(u)[i / 2];
+      v[i] = fmt::f32_from_bf16(static_cast<uint16_t>(i & 1 ? w >> 16 : w & 0xFFFFu));
+    }
   } else {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = 0u;  // padding columns: zeros
+    for (int i = 0; i < 16; ++i) v[i] = 0.0f;  // padding columns: zeros
   }
-  const auto lo = [](uint32_t x) { return fmt::f32_from_bf16(static_cast<uint16_t>(x & 0xFFFFu)); };
-  const auto hi = [](uint32_t x) { return fmt::f32_from_bf16(static_cast<uint16_t>(x >> 16)); };
-  float amax = 0.0f;  // as fmt::block_amax: a NaN never raises amax, and marks the block
-  int nan = 0;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const float v = i & 1 ? hi(w[i / 2]) : lo(w[i / 2]);
-    const int n = fmt::is_nan(v);
-    nan |= n;
-    const float a = n ? 0.0f : fmt::abs_f(v);
-    amax = a > amax ? a : amax;
-  }
-  const fmt::Nvfp4Block nb = fmt::nvfp4_block(amax, nan != 0, g);
-  const float sc = fmt::e4m3_decode(nb.scale);
-  const auto round = [&](float v) { return nvfp4_elem(v, nb) * sc; };
+  __nv_bfloat16 q[16];
+  quant_dequant_block<16>(p.q, v, g, q);
   __half* chunk = reinterpret_cast<__half*>(p.a1 + static_cast<int64_t>(r) * p.h_pad + (col0 & ~63));
   const int t = (col0 & 63) >> 4;
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const uint32_t x0 = w[c], x1 = w[4 + c];  // columns 2c, 2c + 1 and 8 + 2c, 9 + 2c
-    const __half2 l = act_f16x2(__floats2bfloat162_rn(round(lo(x0)), round(hi(x0))));
-    const __half2 h = act_f16x2(__floats2bfloat162_rn(round(lo(x1)), round(hi(x1))));
+  for (int c = 0; c < 4; ++c) {  // columns 2c, 2c + 1 and 8 + 2c, 9 + 2c
+    const __half2 l = act_f16x2(__halves2bfloat162(q[2 * c], q[2 * c + 1]));
+    const __half2 h = act_f16x2(__halves2bfloat162(q[8 + 2 * c], q[9 + 2 * c]));
     *reinterpret_cast<uint2*>(chunk + c * 16 + t * 4) =
         make_uint2(*reinterpret_cast<const uint32_t*>(&l), *reinterpret_cast<const uint32_t*>(&h));
   }
