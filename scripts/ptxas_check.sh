@@ -11,19 +11,22 @@ build=$(cd "${1:-build}" 2>/dev/null && pwd) || { echo "ptxas_check.sh: no direc
 [ -f "$build/build.ninja" ] || { echo "ptxas_check.sh: $build is not a configured Ninja build" >&2; exit 2; }
 export PATH=/usr/local/cuda/bin:$PATH
 fail=0
+# ptxas's report of one translation unit into $out, its spill-store bytes into $spill.
+report() {
+  local cmd
+  cmd=$(cd "$build" && ninja -t commands | grep -E "nvcc.* -c .*/$1\.cu" | tail -1)
+  [ -n "$cmd" ] || { echo "ptxas_check.sh: no compile command for $1.cu in $build" >&2; exit 2; }
+  out=$(cd "$build" && eval "$cmd -Xptxas -v" 2>&1)
+  spill=$(grep -E "bytes spill stores" <<< "$out" | awk '{s += $5} END {print s + 0}')
+}
 for tu in launch_dynamic_bm32 launch_dynamic_bm64 launch_dynamic_bm128 launch_dynamic_bf16 launch_static_moe_bm32 \
     launch_static_moe_bm64; do
-  cmd=$(cd "$build" && ninja -t commands | grep -E "nvcc.* -c .*/$tu\.cu" | tail -1)
-  [ -n "$cmd" ] || { echo "ptxas_check.sh: no compile command for $tu.cu in $build" >&2; exit 2; }
-  out=$(cd "$build" && eval "$cmd -Xptxas -v" 2>&1)
+  report "$tu"
   serial=$(grep -cE "\(C751[035]\)" <<< "$out")
-  spill=$(grep -E "bytes spill stores" <<< "$out" | awk '{s += $5} END {print s + 0}')
   echo "$tu: serialised-wgmma notes $serial, spill-store bytes $spill"
   [ "$serial" -eq 0 ] || { grep -E "\(C751[035]\)" <<< "$out" | cut -c1-160; fail=1; }
 done
-cmd=$(cd "$build" && ninja -t commands | grep -E "nvcc.* -c .*/launch_direct_micro\.cu" | tail -1)
-[ -n "$cmd" ] || { echo "ptxas_check.sh: no compile command for launch_direct_micro.cu in $build" >&2; exit 2; }
-spill=$(cd "$build" && eval "$cmd -Xptxas -v" 2>&1 | grep -E "bytes spill stores" | awk '{s += $5} END {print s + 0}')
+report launch_direct_micro
 echo "launch_direct_micro: spill-store bytes $spill (must be 0)"
 [ "$spill" -eq 0 ] || fail=1
 exit $fail

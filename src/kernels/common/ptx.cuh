@@ -7,7 +7,7 @@
 namespace fp4moe::kernels::ptx {
 
 // Programmatic dependent launch (sm_90). A kernel launched with the programmatic-serialization
-// attribute (host: launch.h launch_attrs) may start while the kernel before it in the stream is still
+// attribute (host: launch.h DependentLaunch) may start while the kernel before it in the stream is still
 // running, once every CTA of that kernel has called launch_dependents() or exited; wait_prior_grids()
 // then blocks until the kernels before it have completed and their memory is visible. A kernel so
 // launched must call wait_prior_grids() in every CTA before it touches memory the kernels before it
