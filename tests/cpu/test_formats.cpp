@@ -480,7 +480,7 @@ bool exact_in_f16(double v) {
 }  // namespace
 
 // The f16 paths (the NVFP4-a4 variants of direct_micro and of dynamic's register path: frag_a_f16,
-// store_act8) rest on this: every NVFP4 activation value (E2M1 code × E4M3 block scale; the global
+// store_act) rest on this: every NVFP4 activation value (E2M1 code × E4M3 block scale; the global
 // scale is in alpha) and every weight value as frag_a_f16 reads it (code × scale × 2^-6) is an f16
 // value, so f16 tensor cores multiply the same numbers the bf16 ones would.
 TEST(F16, EveryNvfp4ValueIsExactInF16) {

@@ -27,7 +27,7 @@ struct GatherParams {
   const int* route_row;    // [T·K]: the slot's routed row, or -1
   const int* row_expert;   // [rows]: the row's local expert
   __nv_bfloat16* a1;       // [rows][h_pad]
-  bool a1_f16;             // A1 in f16 (dynamic's NVFP4-a4 register path; store_act8)
+  bool a1_f16;             // A1 in f16 (dynamic's NVFP4-a4 register path; store_act)
 };
 
 inline constexpr int kGatherWarps = 8;
@@ -70,7 +70,7 @@ __device__ __forceinline__ void gather_block(const GatherParams& p, int t, int b
     }
     __nv_bfloat16* dst = p.a1 + static_cast<int64_t>(row) * p.h_pad + b * kBlock;
 #pragma unroll
-    for (int i = 0; i < kBlock; i += 8) store_act8(dst + i, q + i, p.a1_f16);
+    for (int i = 0; i < kBlock; i += 8) store_act<8>(dst + i, q + i, p.a1_f16);
   }
 }
 

@@ -76,33 +76,62 @@ __device__ __forceinline__ void quant_dequant_block(QuantKind q, const float (&v
   }
 }
 
-// The same quantise-dequantise with the block spread over kBlock consecutive lanes of a warp (lane i
-// of the group holds element i; the groups start at lanes that are multiples of kBlock), every lane
-// of the warp taking part. amax and NaN are reduced across the group (max and or are
-// order-free), so codes and scales equal quant_dequant_block's bit for bit.
-template <int kBlock>
-__device__ __forceinline__ __nv_bfloat16 quant_dequant_lanes(QuantKind q, float v, float g) {
-  if (q == QuantKind::kNone) return __float2bfloat16_rn(v);
-  int nan = fmt::is_nan(v);
-  float amax = nan ? 0.0f : fmt::abs_f(v);  // block_amax: NaN never raises amax
+// The same quantise-dequantise with the block spread over kBlock / kPer consecutive lanes of a warp,
+// kPer consecutive elements a lane (lane i of the group holds elements kPer·i..; the groups start at
+// lanes that are multiples of kBlock / kPer), every lane of the warp taking part. amax and NaN are
+// reduced within the lane, then across the group (max and or are order-free), so codes and scales
+// equal quant_dequant_block's bit for bit.
+template <int kBlock, int kPer>
+__device__ __forceinline__ void quant_dequant_lanes(QuantKind q, const float (&v)[kPer], float g,
+                                                    __nv_bfloat16 (&out)[kPer]) {
+  static_assert(kBlock % kPer == 0 && kBlock / kPer <= 32, "a block spans whole lanes of one warp");
+  if (q == QuantKind::kNone) {
 #pragma unroll
-  for (int o = kBlock / 2; o > 0; o >>= 1) {
+    for (int i = 0; i < kPer; ++i) out[i] = __float2bfloat16_rn(v[i]);
+    return;
+  }
+  int nan = fmt::is_nan(v[0]);
+  float amax = nan ? 0.0f : fmt::abs_f(v[0]);  // block_amax: NaN never raises amax
+#pragma unroll
+  for (int i = 1; i < kPer; ++i) {
+    const bool n = fmt::is_nan(v[i]);
+    nan |= n;
+    const float a = n ? 0.0f : fmt::abs_f(v[i]);
+    amax = a > amax ? a : amax;
+  }
+#pragma unroll
+  for (int o = kBlock / kPer / 2; o > 0; o >>= 1) {
     const float other = __shfl_xor_sync(0xffffffffu, amax, o);
     amax = other > amax ? other : amax;
     nan |= __shfl_xor_sync(0xffffffffu, nan, o);
   }
   if constexpr (kBlock == fmt::kNvfp4Block) {
     const fmt::Nvfp4Block b = fmt::nvfp4_block(amax, nan != 0, g);
-    return __float2bfloat16_rn(nvfp4_elem(v, b) * fmt::e4m3_decode(b.scale));
+    const float s = fmt::e4m3_decode(b.scale);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) out[i] = __float2bfloat16_rn(nvfp4_elem(v[i], b) * s);
   } else {
     static_assert(kBlock == fmt::kMxBlock);
     if (q == QuantKind::kMxfp4) {
       const fmt::MxBlock b = fmt::mx_block(amax, nan != 0, fmt::kE2M1Max);
-      return __float2bfloat16_rn(mxfp4_elem(v, b) * fmt::ue8m0_decode(b.scale));
+      const float s = fmt::ue8m0_decode(b.scale);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) out[i] = __float2bfloat16_rn(mxfp4_elem(v[i], b) * s);
+    } else {
+      const fmt::MxBlock b = fmt::mx_block(amax, nan != 0, fmt::kE4M3Max);
+      const float s = fmt::ue8m0_decode(b.scale);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) out[i] = __float2bfloat16_rn(mxfp8_elem(v[i], b) * s);
     }
-    const fmt::MxBlock b = fmt::mx_block(amax, nan != 0, fmt::kE4M3Max);
-    return __float2bfloat16_rn(mxfp8_elem(v, b) * fmt::ue8m0_decode(b.scale));
   }
+}
+// One element a lane.
+template <int kBlock>
+__device__ __forceinline__ __nv_bfloat16 quant_dequant_lanes(QuantKind q, float v, float g) {
+  const float in[1] = {v};
+  __nv_bfloat16 out[1];
+  quant_dequant_lanes<kBlock, 1>(q, in, g, out);
+  return out[0];
 }
 
 // quant_dequant_lanes for the block size of q (quant_block: 16 lanes for NVFP4 and kNone, 32 for MX).
@@ -190,20 +219,22 @@ __device__ __forceinline__ void quant_dequant_bf16_run(QuantKind q, const uint16
 __device__ __forceinline__ __half act_f16(__nv_bfloat16 v) { return __float2half_rn(__bfloat162float(v)); }
 __device__ __forceinline__ __half2 act_f16x2(__nv_bfloat162 v) { return __float22half2_rn(__bfloat1622float2(v)); }
 
-// Eight quantised activation values (16-byte aligned) to a GEMM input buffer: as bf16, or as f16
-// (act_f16x2) for the register path's NVFP4-a4 variant (f16 = true).
-__device__ __forceinline__ void store_act8(__nv_bfloat16* dst, const __nv_bfloat16* q, bool f16) {
-  uint4 v = *reinterpret_cast<const uint4*>(q);
-  if (f16) {
-    uint32_t w[4] = {v.x, v.y, v.z, v.w};
+// N = 4 or 8 quantised activation values (8- or 16-byte aligned) to a GEMM input buffer: as bf16,
+// or as f16 (act_f16x2) for the register path's NVFP4-a4 variant (f16 = true). One store.
+template <int N>
+__device__ __forceinline__ void store_act(__nv_bfloat16* dst, const __nv_bfloat16* q, bool f16) {
+  static_assert(N == 4 || N == 8, "one 8- or 16-byte store");
+  uint32_t w[N / 2];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < N / 2; ++i) {
+    w[i] = *reinterpret_cast<const uint32_t*>(q + 2 * i);
+    if (f16) {
       const __half2 h = act_f16x2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
       w[i] = *reinterpret_cast<const uint32_t*>(&h);
     }
-    v = make_uint4(w[0], w[1], w[2], w[3]);
   }
-  *reinterpret_cast<uint4*>(dst) = v;
+  if constexpr (N == 8) *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+  else *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
 }
 
 }  // namespace fp4moe::kernels
