@@ -100,28 +100,58 @@ struct GatedActivation {
   }
 };
 
-// FC1: staged rows [0, rows) of n-tile y → activation → bf16 → Q2 → A2[grow0 + r]. A task is four
-// consecutive intermediate columns of one row (a float4 of the staging, and of the gate half for a
-// gated FC1), spread over `nthreads` threads (this thread is `tid`; nthreads a multiple of 32, every
-// thread of the calling warps here); consecutive lanes take consecutive tasks, so a quantisation
-// block is kBlock / 4 consecutive lanes (quant_dequant_lanes) and a warp's float4 reads cover one
-// or two staging rows without bank conflicts. Blocks past i_pad (a partial last tile of a non-gated
-// FC1) are skipped. Why four columns a lane: with one block (16 or 32 columns) a thread, a decode
-// tile of ~2 routed rows gave 4–8 threads of the 256 a serial chain of 16–32 activations and the
-// block's quantisation while the others waited at the epilogue's barrier: 30 % of the consumers'
-// time in dynamic's FC1 at qwen3-30b-a3b T = 16 (Nsight Compute, NOTES session 23).
-// The activation is GatedActivation's form (the same operations as apply_activation, one copy of
-// the code for the three gated ones) or relu2, the one without a gate.
+// One quantisation block of the FC1 epilogue: kBlock intermediate columns col0.. of one staged row
+// (crow 16-byte aligned: the staging row strides are multiples of 4 floats). The activation runs
+// in a rolled loop over groups of 4 columns and writes h back over the up (or input) columns, which
+// only this task reads; then the block is requantised from there. Why rolled: unrolled over the
+// block with every activation's code, dynamic's FC1 kernels were 12–23 K instructions and their
+// epilogues ran from instruction-cache misses (NOTES session 7).
+template <int BN, int kBlock>
+__device__ __forceinline__ void fc1_epilogue_block(const MoeGemmParams& p, float* crow, int col0, int e,
+                                                   __nv_bfloat16* dst) {
+#pragma unroll 1
+  for (int i = 0; i < kBlock; i += 4) {
+    float4* const first = reinterpret_cast<float4*>(crow + col0 + i);  // up (gated) or the input
+    const float4 f = *first;
+    const float4 gate = p.gated ? *reinterpret_cast<const float4*>(crow + BN / 2 + col0 + i) : f;
+    const float gs[4] = {gate.x, gate.y, gate.z, gate.w}, us[4] = {f.x, f.y, f.z, f.w};
+    float h[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float u = p.gated ? us[j] : 0.0f;
+      // Round to bf16 after the activation, before requantisation (reference §2.4).
+      h[j] = fmt::round_bf16(apply_activation<float>(p.activation, gs[j], u, p.sw_alpha, p.sw_beta, p.sw_limit));
+    }
+    *first = make_float4(h[0], h[1], h[2], h[3]);
+  }
+  float h[kBlock];
+#pragma unroll
+  for (int i = 0; i < kBlock; i += 4) {
+    const float4 v = *reinterpret_cast<const float4*>(crow + col0 + i);
+    h[i] = v.x, h[i + 1] = v.y, h[i + 2] = v.z, h[i + 3] = v.w;
+  }
+  __nv_bfloat16 q[kBlock];
+  quant_dequant_block(p.q2, h, p.q2_scale[e], q);
+#pragma unroll
+  for (int i = 0; i < kBlock; i += 8) store_act<8>(dst + i, q + i, p.f16);
+}
+
+// The FC1 epilogue of a tile with few rows: a task is four consecutive intermediate columns of one
+// row (a float4 of the staging, and of the gate half for a gated FC1); consecutive lanes take
+// consecutive tasks, so a quantisation block is kBlock / 4 consecutive lanes (quant_dequant_lanes)
+// and a warp's float4 reads cover one or two staging rows without bank conflicts. Every lane of
+// the calling warps runs every step (the loop's bound is the warp's: the block's shuffles need them
+// all); lanes past the last task read row 0 and store nothing. The activation is GatedActivation's
+// form (the same operations as apply_activation, one copy of the code for the three gated ones) or
+// relu2, the one without a gate.
 template <int BN>
-__device__ __forceinline__ void fc1_store_rows(const MoeGemmParams& p, const float* c, int ldc, int rows, int grow0,
-                                               int e, int y, int tid, int nthreads) {
+__device__ __forceinline__ void fc1_spread_rows(const MoeGemmParams& p, const float* c, int ldc, int rows, int grow0,
+                                                int e, int y, int tid, int nthreads) {
   const int cols = p.gated ? BN / 2 : BN, groups = cols / 4;
   const int i0 = y * cols, total = rows * groups;
   const bool mx = quant_block(p.q2) == fmt::kMxBlock;
   const float g2 = p.q2_scale[e];
   const GatedActivation act(p);
-  // The loop's bound is the warp's (tid - lane), so every lane of a warp runs every step: the
-  // block's shuffles need them all. Lanes past the last task read row 0 and store nothing.
   const int lane = tid & 31;
   for (int base = tid - lane; base < total; base += nthreads) {
     const int task = base + lane;
@@ -134,14 +164,46 @@ __device__ __forceinline__ void fc1_store_rows(const MoeGemmParams& p, const flo
     float h[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      // Round to bf16 after the activation, before requantisation (reference §2.4).
       const float x = gs[j], r2 = x < 0.0f ? 0.0f : x;  // relu2: NaN stays NaN
-      h[j] = fmt::round_bf16(p.gated ? act(x, us[j]) : r2 * r2);
+      h[j] = fmt::round_bf16(p.gated ? act(x, us[j]) : r2 * r2);  // bf16 before requantisation (§2.4)
     }
     __nv_bfloat16 q[4];
     if (mx) quant_dequant_lanes<fmt::kMxBlock, 4>(p.q2, h, g2, q);
     else quant_dequant_lanes<fmt::kNvfp4Block, 4>(p.q2, h, g2, q);
     if (live && i0 + col < p.i_pad) store_act<4>(p.a2 + static_cast<int64_t>(grow0 + r) * p.i_pad + i0 + col, q, p.f16);
+  }
+}
+
+// FC1: staged rows [0, rows) of n-tile y → activation → bf16 → Q2 → A2[grow0 + r], over `nthreads`
+// threads (this thread is `tid`; nthreads a multiple of 32, all of them calling). Blocks past i_pad
+// (a partial last tile of a non-gated FC1) are skipped.
+// When every thread has a quantisation block to do, a task is one block (fc1_epilogue_block);
+// consecutive threads take consecutive rows of one block: with a row stride of 4 (mod 32) floats,
+// 8 threads' float4 reads then cover the 32 banks once (dynamic's kLdc); taking a row's blocks side
+// by side instead was an 8-way bank conflict on every read (Nsight Compute, NOTES session 7).
+// With fewer blocks than threads (decode tiles of a few routed rows) the blocks are spread over
+// lanes (fc1_spread_rows). Why both: with a block a thread, a tile of ~2 rows gave 4–8 threads of
+// 256 a serial chain of 16 activations and a quantisation while the rest waited at the epilogue's
+// barrier, 30 % of the consumers' time in dynamic's FC1 at qwen3-30b-a3b T = 16 (qwen3-30b-a3b a4
+// T = 16 -12 %); spread over lanes, full 128-row prefill tiles ran up to 10 % slower (each lane of a
+// block repeats its scale's computation), NOTES session 23.
+template <int BN>
+__device__ __forceinline__ void fc1_store_rows(const MoeGemmParams& p, float* c, int ldc, int rows, int grow0,
+                                               int e, int y, int tid, int nthreads) {
+  const int cols = p.gated ? BN / 2 : BN;
+  const int i0 = y * cols;
+  const int qb = quant_block(p.q2);
+  const int nb = cols / qb;
+  if (rows * nb < nthreads) {
+    fc1_spread_rows<BN>(p, c, ldc, rows, grow0, e, y, tid, nthreads);
+    return;
+  }
+  for (int task = tid; task < rows * nb; task += nthreads) {
+    const int r = task % rows, b = task / rows;
+    if (i0 + b * qb >= p.i_pad) continue;
+    __nv_bfloat16* dst = p.a2 + static_cast<int64_t>(grow0 + r) * p.i_pad + i0 + b * qb;
+    if (qb == 16) fc1_epilogue_block<BN, 16>(p, c + r * ldc, b * 16, e, dst);
+    else fc1_epilogue_block<BN, 32>(p, c + r * ldc, b * 32, e, dst);
   }
 }
 
