@@ -126,23 +126,6 @@ inline constexpr int kRowTiles = BN / 16;   // weight row tiles (16 rows × 64 k
 inline constexpr int kMaxScaleBytes = 16 * 4;  // scale bytes per row tile and k-tile: 16 rows × 64 / 16
 
 struct NoTables {};
-// A work item's m-tile as the consumers read it: the producer thread (produce) loads it with the
-// tile's FC2 router weights and writes both into a ring slot before it announces the tile's first
-// stage on "full" (an mbarrier arrive: release); the consumers read them after their wait on that
-// stage (acquire), in the epilogue. Why: loaded by the consumers, the tile's chain of dependent
-// global loads (tile list → expert offsets → row routes → router weights, and alpha at the
-// epilogue) stalled all 256 of them at every tile: 11 % of FC2's stall samples at qwen3-30b-a3b
-// a4 T = 16 (NOTES session 23). alpha is taken × 2^6 for the f16 variant (finish_tile).
-struct TileMeta {
-  int e, row0, valid;
-  float alpha;
-};
-// Slots: one more than the ring's stages. The producer writes slot n % kMetaSlots for its n-th tile
-// after waiting on "empty" for the tile's first stage; the consumers read slot n through tile n's
-// epilogue. A tile has at least one stage, so the producer's write for tile n + kMetaSlots needs the
-// consumers to have freed a stage past tile n's last, which they do only after tile n's epilogue.
-template <int BM, bool kF16>
-inline constexpr int kMetaSlotsOf = kStagesOf<BM, kF16> + 1;
 // The activation tiles are 128B-swizzled (the tensor map's), so each starts 1024-byte aligned: the kernels
 // align their dynamic shared memory up to kSmemAlign (aligned_smem), and the launch asks for that much
 // more than sizeof(Smem) (smem_bytes).
@@ -157,8 +140,7 @@ struct alignas(1024) Smem {
   // the tensor copy writes them (128-byte aligned: a tensor copy's destination).
   alignas(128) uint8_t ws[kStages][kRowTiles * kMaxScaleBytes];
   alignas(16) float c[BM * kLdc];     // epilogue staging: [routed row][tile column], alpha·acc + bias
-  TileMeta meta[kMetaSlotsOf<BM, kF16>];        // per work item (TileMeta)
-  float rw[kMetaSlotsOf<BM, kF16>][BM];         // FC2: its routed rows' router weights, 0 past valid
+  float rw[BM];                       // FC2: the tile's router weights (router_weight)
   std::conditional_t<kF16, NoTables, FragTables> tables;  // E2M1 and scale byte → bf16x2, per lane (bf16 only)
   uint64_t full[kStages];             // producer → consumers: the stage's bytes have landed
   uint64_t empty[kStages];            // consumers → producer: stage read by the tensor cores
@@ -204,13 +186,13 @@ __device__ __forceinline__ TileInfo tile_info(const MoeGemmParams& p, int w, int
 // rows, BM / 2 floats per thread) → alpha·acc + bias staged transposed in `stage` (routed row × tile
 // column, kLdc floats per row) → the FC1 or FC2 epilogue over both consumers (named barrier 1 over
 // their 256 threads; t: this thread in its warpgroup, ct: among both).
-// alpha: the expert's (TileMeta: × 2^6 for kF16, whose weights were read as code × scale × 2^-6 by
-// frag_a_f16; exact). rws (FC2): the tile's router weights in shared memory (fc2_store_rows).
+// rws (FC2): the tile's router weights in shared memory, written before this call (fc2_store_rows).
+// kF16: the weights were read as code × scale × 2^-6 (frag_a_f16), so alpha is taken × 2^6 (exact).
 template <bool kFc1, int BM, bool kF16>
-__device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileInfo& ti, float alpha,
-                                            const float (&acc)[BM / 2], float* stage, int c, int t, int ct,
-                                            const float* rws) {
+__device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileInfo& ti, const float (&acc)[BM / 2],
+                                            float* stage, int c, int t, int ct, const float* rws) {
   // acc element i is D[weight row 64c + acc_row(t, i)][routed row acc_col(t, i)] (wgmma_layout.h).
+  const float alpha = p.alpha[ti.e] * (kF16 ? 64.0f : 1.0f);
   float bias[2] = {0.0f, 0.0f};  // this thread's two weight rows: acc_row(t, i) for (i / 2) % 2 = 0, 1
   if (p.bias) {
     const float* be = p.bias + static_cast<int64_t>(ti.e) * p.w_rows;
@@ -232,8 +214,9 @@ __device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileIn
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);  // staging is reused by the next tile
 }
 
-// FC2: the router weight of routed row r of the tile (0 past its valid rows): loaded by the producer
-// thread (write_meta) here, by consumer thread r at the tile's start in the bf16 path (dynamic_bf16.cuh).
+// FC2: the router weight of routed row r of the tile (0 past its valid rows), loaded by consumer
+// thread r when the tile starts, so that the two dependent global loads complete behind the main
+// loop; the thread stores it to shared memory before the epilogue's first barrier.
 __device__ __forceinline__ float router_weight(const MoeGemmParams& p, const TileInfo& ti, int r) {
   return r < ti.valid ? p.topk_weights[p.row_route[ti.row0 + r]] : 0.0f;
 }
@@ -287,17 +270,6 @@ __device__ __forceinline__ int map_row_tile(const MoeGemmParams& p, const TileIn
   return ti.e * (p.w_rows / 16) + weight_row<BN>(p, kFc1, ti.y, 16 * j) / 16;
 }
 
-// The producer's TileMeta of work item ti into slot `slot`, and for FC2 the router weights of its
-// routed rows (router_weight; the loads of a group of rows issued together).
-template <bool kFc1, int BM, bool kF16>
-__device__ __forceinline__ void write_meta(const MoeGemmParams& p, const TileInfo& ti, Smem<BM, kF16>& sm, int slot) {
-  sm.meta[slot] = TileMeta{ti.e, ti.row0, ti.valid, p.alpha[ti.e] * (kF16 ? 64.0f : 1.0f)};
-  if constexpr (!kFc1) {
-#pragma unroll 8
-    for (int r = 0; r < BM; ++r) sm.rw[slot][r] = router_weight(p, ti, r);
-  }
-}
-
 // The producer, thread 0 of its warpgroup (the other 127 return): per stage, once the consumers have
 // freed it, it announces the stage's bytes on "full" (constant: the activation box and 8 row tiles of
 // codes and scales, zeros included) and issues the tensor copies of the activation tile (rows row0..,
@@ -316,15 +288,12 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, const TensorMaps
   constexpr uint32_t kCodeBytes = 32 * sizeof(uint4), kTileBytes = BM * BK * 2;
   const uint32_t stage_bytes = kTileBytes + kRowTiles * (kCodeBytes + static_cast<uint32_t>(scale_bytes));
   const bool halves = kFc1 && p.gated;  // two boxes of kRowTiles / 2 row tiles
-  constexpr int kMeta = kMetaSlotsOf<BM, kF16>;
-  int n = 0;  // this CTA's work items so far: the TileMeta slot
-  for (int w = blockIdx.x; w < work; w += gridDim.x, ++n) {
+  for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = tile_info<BM>(p, w, n_tiles);
     const int tile0 = map_row_tile<kFc1>(p, ti, 0), tile1 = map_row_tile<kFc1>(p, ti, kRowTiles / 2);
     for (int kt = 0; kt < ktiles; ++kt, ++it) {
       const int s = it % kRing;
       ptx::mbar_wait(&sm.empty[s], ((it / kRing) & 1) ^ 1, wd, kWaitEmpty, it);
-      if (kt == 0) write_meta<kFc1, BM, kF16>(p, ti, sm, n % kMeta);  // before the arrive (release)
       ptx::mbar_arrive_expect_tx(&sm.full[s], stage_bytes);  // before the copies it announces
       ptx::tma_load_2d(sm.a[s], &maps->a, kt * BK, ti.row0, &sm.full[s]);
       ptx::tma_load_3d(sm.w[s][0], &maps->codes, 0, kt, tile0, &sm.full[s]);
@@ -369,9 +338,9 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
   float acc[BM / 2];
 #pragma unroll
   for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
-  constexpr int kMeta = kMetaSlotsOf<BM, kF16>;
-  int n = 0;  // this CTA's work items so far: the TileMeta slot (produce)
-  for (int w = blockIdx.x; w < work; w += gridDim.x, ++n) {
+  for (int w = blockIdx.x; w < work; w += gridDim.x) {
+    const TileInfo ti = tile_info<BM>(p, w, n_tiles);
+    const float rw = kFc1 ? 0.0f : router_weight(p, ti, ct);
     // Two sets of A fragments: while stage kt - 1's MMAs run, the warpgroup dequantises stage kt into
     // the other set; wgmma_wait<1> then frees stage kt - 1's set and its stage (tile and weights).
     uint32_t a0[4][4], a1[4][4];
@@ -427,12 +396,8 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
     ptx::fence_operand(acc);
     ptx::mbar_arrive(&sm.empty[(it - 1) % kRing]);
 
-    // The producer wrote the tile's metadata before announcing its first stage, which this thread
-    // has waited on; the slot stays until the producer's tile n + kMeta (TileMeta).
-    const int slot = n % kMeta;
-    const TileMeta m = sm.meta[slot];
-    finish_tile<kFc1, BM, kF16>(p, TileInfo{w % n_tiles, m.e, m.row0, m.valid}, m.alpha, acc, sm.c, c, t, ct,
-                                sm.rw[slot]);
+    if (!kFc1 && ct < BM) sm.rw[ct] = rw;  // read after finish_tile's first barrier
+    finish_tile<kFc1, BM, kF16>(p, ti, acc, sm.c, c, t, ct, sm.rw);
   }
 }
 
