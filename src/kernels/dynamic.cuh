@@ -209,7 +209,7 @@ __device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileIn
   }
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
   const int rows = min(BM, ti.valid);
-  if constexpr (kFc1) fc1_store_rows<BN>(p, stage, kLdc, rows, ti.row0, ti.e, ti.y, ct, kConsumers * kWarpgroup);
+  if constexpr (kFc1) fc1_store_rows<BN, BM == 32>(p, stage, kLdc, rows, ti.row0, ti.e, ti.y, ct, kConsumers * kWarpgroup);
   else fc2_store_rows<BN>(p, stage, kLdc, rows, ti.row0, ti.y, ct, kConsumers * kWarpgroup, rws);
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);  // staging is reused by the next tile
 }

@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
       }
   __syncthreads();
 
-  if constexpr (kFc1) fc1_store_rows<BN>(p, &sm.c[0][0], BN + 4, valid, row0, e, y, tid, kThreads);  // → A2
+  if constexpr (kFc1) fc1_store_rows<BN, false>(p, &sm.c[0][0], BN + 4, valid, row0, e, y, tid, kThreads);  // → A2
   else fc2_store_rows<BN>(p, &sm.c[0][0], BN + 4, valid, row0, y, tid, kThreads);                    // → Y
 }
 

@@ -177,33 +177,34 @@ __device__ __forceinline__ void fc1_spread_rows(const MoeGemmParams& p, const fl
 // FC1: staged rows [0, rows) of n-tile y → activation → bf16 → Q2 → A2[grow0 + r], over `nthreads`
 // threads (this thread is `tid`; nthreads a multiple of 32, all of them calling). Blocks past i_pad
 // (a partial last tile of a non-gated FC1) are skipped.
-// When every thread has a quantisation block to do, a task is one block (fc1_epilogue_block);
-// consecutive threads take consecutive rows of one block: with a row stride of 4 (mod 32) floats,
-// 8 threads' float4 reads then cover the 32 banks once (dynamic's kLdc); taking a row's blocks side
-// by side instead was an 8-way bank conflict on every read (Nsight Compute, NOTES session 7).
-// With fewer blocks than threads (decode tiles of a few routed rows) the blocks are spread over
-// lanes (fc1_spread_rows). Why both: with a block a thread, a tile of ~2 rows gave 4–8 threads of
-// 256 a serial chain of 16 activations and a quantisation while the rest waited at the epilogue's
-// barrier, 30 % of the consumers' time in dynamic's FC1 at qwen3-30b-a3b T = 16 (qwen3-30b-a3b a4
-// T = 16 -12 %); spread over lanes, full 128-row prefill tiles ran up to 10 % slower (each lane of a
-// block repeats its scale's computation), NOTES session 23.
-template <int BN>
+// kSpread: the blocks spread over lanes (fc1_spread_rows), for tiles of few rows (the register
+// path's 32-row m-tiles, chosen at ≤ 16 routed rows per expert). Otherwise a task is one block
+// (fc1_epilogue_block); consecutive threads take consecutive rows of one block: with a row stride
+// of 4 (mod 32) floats, 8 threads' float4 reads then cover the 32 banks once (dynamic's kLdc);
+// taking a row's blocks side by side instead was an 8-way bank conflict on every read (Nsight
+// Compute, NOTES session 7). Why both, by the m-tile (NOTES session 23): with a block a thread, a
+// tile of ~2 rows gave 4–8 threads of 256 a serial chain of 16 activations and a quantisation while
+// the rest waited at the epilogue's barrier, 30 % of the consumers' time in dynamic's FC1 at
+// qwen3-30b-a3b T = 16 (spread: a4 T = 16 −12 %); spread, full 128-row prefill tiles ran up to 10 %
+// slower (each lane of a block repeats its scale's computation); and both forms in one kernel, chosen
+// per tile, kept only about half of the decode gain (the 32-row kernels' code and spills grew).
+template <int BN, bool kSpread>
 __device__ __forceinline__ void fc1_store_rows(const MoeGemmParams& p, float* c, int ldc, int rows, int grow0,
                                                int e, int y, int tid, int nthreads) {
-  const int cols = p.gated ? BN / 2 : BN;
-  const int i0 = y * cols;
-  const int qb = quant_block(p.q2);
-  const int nb = cols / qb;
-  if (rows * nb < nthreads) {
+  if constexpr (kSpread) {
     fc1_spread_rows<BN>(p, c, ldc, rows, grow0, e, y, tid, nthreads);
-    return;
-  }
-  for (int task = tid; task < rows * nb; task += nthreads) {
-    const int r = task % rows, b = task / rows;
-    if (i0 + b * qb >= p.i_pad) continue;
-    __nv_bfloat16* dst = p.a2 + static_cast<int64_t>(grow0 + r) * p.i_pad + i0 + b * qb;
-    if (qb == 16) fc1_epilogue_block<BN, 16>(p, c + r * ldc, b * 16, e, dst);
-    else fc1_epilogue_block<BN, 32>(p, c + r * ldc, b * 32, e, dst);
+  } else {
+    const int cols = p.gated ? BN / 2 : BN;
+    const int i0 = y * cols;
+    const int qb = quant_block(p.q2);
+    const int nb = cols / qb;
+    for (int task = tid; task < rows * nb; task += nthreads) {
+      const int r = task % rows, b = task / rows;
+      if (i0 + b * qb >= p.i_pad) continue;
+      __nv_bfloat16* dst = p.a2 + static_cast<int64_t>(grow0 + r) * p.i_pad + i0 + b * qb;
+      if (qb == 16) fc1_epilogue_block<BN, 16>(p, c + r * ldc, b * 16, e, dst);
+      else fc1_epilogue_block<BN, 32>(p, c + r * ldc, b * 32, e, dst);
+    }
   }
 }
 
