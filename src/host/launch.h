@@ -67,7 +67,7 @@ inline constexpr int kMinTileM = 32;
 struct GenericWorkspace {
   GenericWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens);
   size_t bytes() const;
-  DeviceBuffer route_row, row_route, row_expert, expert_offset, expert_tile_offset, tile_expert, tile_row0, num_tiles, a1,
+  DeviceBuffer route_row, row_weight, row_expert, expert_offset, expert_tile_offset, tile_expert, tile_row0, num_tiles, a1,
       a2, y;
   DeviceBuffer route_counts, route_cursor;  // the multi-CTA routing's per-expert counts and next rows
   int64_t tile_capacity = 0;  // entries of tile_expert / tile_row0 (enough for tile_m >= kMinTileM)

@@ -24,7 +24,9 @@ GenericWorkspace::GenericWorkspace(const MoeConfig& c, const DeviceWeights& w, i
   const int EL = c.local_count();
   const int64_t tiles = max_tiles(R, EL);
   route_row = DeviceBuffer(R * sizeof(int), "workspace.route_row");
-  row_route = DeviceBuffer(R * sizeof(int), "workspace.row_route");
+  // Zeroed once: a GEMM tile may read up to kRowWeightPad entries past a call's rows (routing.cuh).
+  row_weight = DeviceBuffer((R + kernels::kRowWeightPad) * sizeof(float), "workspace.row_weight");
+  FP4MOE_CUDA_CHECK(cudaMemset(row_weight.get(), 0, row_weight.bytes()));
   row_expert = DeviceBuffer(R * sizeof(int), "workspace.row_expert");
   expert_offset = DeviceBuffer((EL + 1) * sizeof(int), "workspace.expert_offset");
   expert_tile_offset = DeviceBuffer((EL + 1) * sizeof(int), "workspace.expert_tile_offset");
@@ -41,7 +43,7 @@ GenericWorkspace::GenericWorkspace(const MoeConfig& c, const DeviceWeights& w, i
 
 size_t GenericWorkspace::bytes() const {
   size_t s = 0;
-  for (const DeviceBuffer* b : {&route_row, &row_route, &row_expert, &expert_offset, &expert_tile_offset, &route_counts,
+  for (const DeviceBuffer* b : {&route_row, &row_weight, &row_expert, &expert_offset, &expert_tile_offset, &route_counts,
                                 &route_cursor, &tile_expert, &tile_row0, &num_tiles, &a1, &a2, &y})
     s += b->bytes();
   return s;
@@ -53,9 +55,9 @@ kernels::RoutingParams routing_params(const MoeConfig& c, GenericWorkspace& ws, 
   FP4MOE_REQUIRE(tile_m >= kMinTileM && max_tiles(R, EL) <= ws.tile_capacity, InvalidArgument, "tile_m",
                  "the workspace's tile list holds ", ws.tile_capacity, " entries (sized for m-tiles of ", kMinTileM,
                  " rows), asked for m-tiles of ", tile_m);
-  return {a.ids, a.ids_type == IndexType::kInt64, R, c.local_expert_first, EL, tile_m,
+  return {a.ids, a.ids_type == IndexType::kInt64, a.topk_weights, R, c.local_expert_first, EL, tile_m,
           ws.expert_offset.get<int>(), ws.expert_tile_offset.get<int>(), ws.route_row.get<int>(),
-          ws.row_route.get<int>(), ws.row_expert.get<int>(), ws.tile_expert.get<int>(), ws.tile_row0.get<int>(),
+          ws.row_weight.get<float>(), ws.row_expert.get<int>(), ws.tile_expert.get<int>(), ws.tile_row0.get<int>(),
           ws.num_tiles.get<int>()};
 }
 
@@ -135,8 +137,7 @@ kernels::MoeGemmParams moe_gemm_params(const MoeConfig& c, const DeviceWeights& 
   g.q2_scale = w.fc2_input_scale.get<float>();
   g.hidden = c.hidden;
   g.top_k = c.top_k;
-  g.row_route = ws.row_route.get<int>();
-  g.topk_weights = a.topk_weights;
+  g.row_weight = ws.row_weight.get<float>();
   g.a_rows = static_cast<int>(a.tokens * c.top_k);
   g.w_experts = c.local_count();
   if (fc1) {  // A1 · W13ᵀ, epilogue → A2

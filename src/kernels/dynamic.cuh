@@ -182,17 +182,24 @@ __device__ __forceinline__ TileInfo tile_info(const MoeGemmParams& p, int w, int
   return tile_at<BM>(p, w / n_tiles, w % n_tiles);
 }
 
+// Expert e's alpha as the register path applies it: × 2^6 for kF16, whose weights frag_a_f16 reads as
+// code × scale × 2^-6 (exact).
+template <bool kF16>
+__device__ __forceinline__ float expert_alpha(const MoeGemmParams& p, int e) {
+  return p.alpha[e] * (kF16 ? 64.0f : 1.0f);
+}
+
 // The end of a tile: consumer warpgroup c's accumulators (weight rows [64c, 64c + 64) × BM routed
 // rows, BM / 2 floats per thread) → alpha·acc + bias staged transposed in `stage` (routed row × tile
 // column, kLdc floats per row) → the FC1 or FC2 epilogue over both consumers (named barrier 1 over
 // their 256 threads; t: this thread in its warpgroup, ct: among both).
-// rws (FC2): the tile's router weights in shared memory, written before this call (fc2_store_rows).
-// kF16: the weights were read as code × scale × 2^-6 (frag_a_f16), so alpha is taken × 2^6 (exact).
+// alpha: expert_alpha of the tile's expert. rws (FC2): the tile's router weights in shared memory,
+// written before this call (fc2_store_rows).
 template <bool kFc1, int BM, bool kF16>
-__device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileInfo& ti, const float (&acc)[BM / 2],
-                                            float* stage, int c, int t, int ct, const float* rws) {
+__device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileInfo& ti, float alpha,
+                                            const float (&acc)[BM / 2], float* stage, int c, int t, int ct,
+                                            const float* rws) {
   // acc element i is D[weight row 64c + acc_row(t, i)][routed row acc_col(t, i)] (wgmma_layout.h).
-  const float alpha = p.alpha[ti.e] * (kF16 ? 64.0f : 1.0f);
   float bias[2] = {0.0f, 0.0f};  // this thread's two weight rows: acc_row(t, i) for (i / 2) % 2 = 0, 1
   if (p.bias) {
     const float* be = p.bias + static_cast<int64_t>(ti.e) * p.w_rows;
@@ -214,11 +221,14 @@ __device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileIn
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);  // staging is reused by the next tile
 }
 
-// FC2: the router weight of routed row r of the tile (0 past its valid rows), loaded by consumer
-// thread r when the tile starts, so that the two dependent global loads complete behind the main
-// loop; the thread stores it to shared memory before the epilogue's first barrier.
+// FC2: the router weight of routed row r < 256 of the tile (kRowWeightPad: past its valid rows,
+// another row's or 0, never stored), loaded by consumer thread r when the tile starts, so that the
+// load completes behind the main loop; the thread stores it to shared memory before the epilogue's
+// first barrier. One load whose address needs only the tile's first row: through the row's route
+// and behind the valid-row test it was a chain of four dependent loads at every tile's start (7.4 %
+// of FC2's stall samples at qwen3-30b-a3b a4 T = 16, NOTES session 23).
 __device__ __forceinline__ float router_weight(const MoeGemmParams& p, const TileInfo& ti, int r) {
-  return r < ti.valid ? p.topk_weights[p.row_route[ti.row0 + r]] : 0.0f;
+  return p.row_weight[ti.row0 + r];
 }
 
 // Thread 0, before the CTA's first __syncthreads: the stages' barriers ("full" completes a phase
@@ -340,7 +350,11 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
   for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = tile_info<BM>(p, w, n_tiles);
-    const float rw = kFc1 ? 0.0f : router_weight(p, ti, ct);
+    const float rw = kFc1 || ct >= BM ? 0.0f : router_weight(p, ti, ct);
+    // FC2's alpha here, with the router weight (FC1's in the epilogue: its consumers have no load at the
+    // tile's start to share the wait for the tile's expert with); 3.6 % of FC2's stall samples were on
+    // it in the epilogue (NOTES session 23).
+    const float alpha = kFc1 ? 0.0f : expert_alpha<kF16>(p, ti.e);
     // Two sets of A fragments: while stage kt - 1's MMAs run, the warpgroup dequantises stage kt into
     // the other set; wgmma_wait<1> then frees stage kt - 1's set and its stage (tile and weights).
     uint32_t a0[4][4], a1[4][4];
@@ -397,7 +411,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
     ptx::mbar_arrive(&sm.empty[(it - 1) % kRing]);
 
     if (!kFc1 && ct < BM) sm.rw[ct] = rw;  // read after finish_tile's first barrier
-    finish_tile<kFc1, BM, kF16>(p, ti, acc, sm.c, c, t, ct, sm.rw);
+    finish_tile<kFc1, BM, kF16>(p, ti, kFc1 ? expert_alpha<kF16>(p, ti.e) : alpha, acc, sm.c, c, t, ct, sm.rw);
   }
 }
 

@@ -280,10 +280,8 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int til
   gpu::to_fragment_order(codes, scales, E, N, K, bs, fcodes, fscales, /*f16_words=*/f16);
   DeviceArray<uint8_t> d_fcodes(fcodes), d_fscales(fscales);
   DeviceArray<int> d_offset(offset), d_tile_expert(tile_expert), d_tile_row0(tile_row0), d_num_tiles(std::vector<int>{tiles});
-  std::vector<int> route(rows);
-  for (int r = 0; r < rows; ++r) route[r] = r;
-  DeviceArray<int> d_route(route);
-  DeviceArray<float> d_ones(std::vector<float>(rows, 1.0f)), d_alpha(std::vector<float>(E, 1.0f));
+  // Router weights of 1, padded as the workspace's (a tile reads up to kRowWeightPad rows past the last).
+  DeviceArray<float> d_ones(std::vector<float>(rows + kernels::kRowWeightPad, 1.0f)), d_alpha(std::vector<float>(E, 1.0f));
   DeviceArray<float> d_y(static_cast<size_t>(rows) * N);
   DeviceArray<int> d_watchdog(std::vector<int>(kernels::ptx::kWatchdogReportInts, 0));
   const uint32_t poison = testkit::kPoisonF32;
@@ -304,8 +302,7 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int til
   p.alpha = d_alpha.get();
   p.bias = nullptr;
   p.hidden = N, p.top_k = 1;
-  p.row_route = d_route.get();
-  p.topk_weights = d_ones.get();
+  p.row_weight = d_ones.get();
   p.y = d_y.get();
 
   gpu::DynamicWorkspace ws(0);

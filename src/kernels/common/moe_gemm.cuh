@@ -13,6 +13,7 @@
 
 #include "fp4moe/activation.h"
 #include "kernels/common/quantize.cuh"
+#include "kernels/common/routing.cuh"  // kRowWeightPad
 
 namespace fp4moe::kernels {
 
@@ -52,8 +53,7 @@ struct MoeGemmParams {
   // FC2 epilogue
   int hidden;
   int top_k;
-  const int* row_route;         // [rows] t·K + j
-  const float* topk_weights;    // [T, K]
+  const float* row_weight;      // [rows + kRowWeightPad] router weight of each routed row (routing.cuh)
   float* y;                     // [rows][hidden]
 };
 
@@ -210,8 +210,8 @@ __device__ __forceinline__ void fc1_store_rows(const MoeGemmParams& p, float* c,
 
 // FC2: staged rows [0, rows) of n-tile y → · router weight → Y[grow0 + r], float4 stores; columns
 // past H are skipped. rws: the rows' router weights, already in shared memory (the dynamic kernels
-// load them before the tile's main loop, so the two dependent global loads per row hide behind the
-// MMAs; loading them here took over half of qwen3-30b-a3b's FC2 at T = 16384, whose k loop is 12
+// load them before the tile's main loop, so the loads hide behind the MMAs (when they were two
+// dependent loads a row, through the row's route, loading them here took over half of qwen3-30b-a3b's FC2 at T = 16384, whose k loop is 12
 // steps: NOTES session 8), or null to load them here.
 template <int BN>
 __device__ __forceinline__ void fc2_store_rows(const MoeGemmParams& p, const float* c, int ldc, int rows, int grow0,
@@ -220,7 +220,7 @@ __device__ __forceinline__ void fc2_store_rows(const MoeGemmParams& p, const flo
     const int r = task / (BN / 4), c4 = (task % (BN / 4)) * 4;
     const int col = y * BN + c4;
     if (col >= p.hidden) continue;
-    const float rw = rws ? rws[r] : p.topk_weights[p.row_route[grow0 + r]];
+    const float rw = rws ? rws[r] : p.row_weight[grow0 + r];
     const float* cr = c + r * ldc + c4;
     const float4 v = make_float4(rw * cr[0], rw * cr[1], rw * cr[2], rw * cr[3]);
     *reinterpret_cast<float4*>(p.y + static_cast<int64_t>(grow0 + r) * p.hidden + col) = v;

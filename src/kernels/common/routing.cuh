@@ -6,7 +6,9 @@
 //   2. exclusive scans of the counts (row offsets) and of ceil(count / tile_m) (tile offsets: expert e's
 //      m-tiles are [expert_tile_offset[e], expert_tile_offset[e + 1]) of the list);
 //   3. the tile list: tile i covers rows [tile_row0[i], min(tile_row0[i] + tile_m, end of expert));
-//   4. placement: each route gets a row; route_row[t·K + j] = row (−1 if not routed).
+//   4. placement: each route gets a row; route_row[t·K + j] = row (−1 if not routed), and the row its
+//      router weight (row_weight[row] = topk_weights[t·K + j]: FC2's epilogue reads it with one load
+//      whose address needs only the tile's first row, NOTES session 23).
 // Row order inside an expert depends on atomics, but no result does: every row is computed
 // independently and the top-k sum reads rows through route_row in slot order.
 //
@@ -23,9 +25,16 @@ namespace fp4moe::kernels {
 
 inline constexpr int kRouteThreads = 1024;
 
+// Rows past a call's last routed row that a GEMM tile may read in row_weight (up to 256 routed rows a
+// tile, dynamic_bf16's BM; each consumer thread of the register path loads one): the workspace holds
+// routes + kRowWeightPad entries, zeroed once, so such reads stay inside it and read a finite value
+// (another row's weight or 0) that no epilogue stores.
+inline constexpr int kRowWeightPad = 256;
+
 struct RoutingParams {
   const void* ids;      // [T, K] int32 or int64
   bool ids_int64;
+  const float* topk_weights;  // [T, K]
   int64_t routes;       // T · K
   int first, experts;   // local range
   int tile_m;
@@ -33,7 +42,7 @@ struct RoutingParams {
   int* expert_offset;   // [experts + 1]
   int* expert_tile_offset;  // [experts + 1] first m-tile of each expert in the tile list; [experts] = total
   int* route_row;       // [routes]
-  int* row_route;       // [routes] route index t·K + j of each row
+  float* row_weight;    // [routes + kRowWeightPad] router weight of each row (topk_weights of its route)
   int* row_expert;      // [routes] local expert of each row
   int* tile_expert;     // [max_tiles]
   int* tile_row0;       // [max_tiles]
@@ -49,7 +58,7 @@ __device__ __forceinline__ int local_expert(const RoutingParams& p, int64_t r) {
 // Route r goes to `row` of local expert e (both -1 when it is not routed here): the maps both ways.
 __device__ __forceinline__ void record_route(const RoutingParams& p, int64_t r, int e, int row) {
   if (row >= 0) {
-    p.row_route[row] = static_cast<int>(r);
+    p.row_weight[row] = p.topk_weights[r];
     p.row_expert[row] = e;
   }
   p.route_row[r] = row;
