@@ -120,6 +120,19 @@ __global__ void quant_dequant_lanes_kernel(kernels::QuantKind q, const float* v,
   if (i < n) out[i] = o;
 }
 
+// Four consecutive elements a lane, a block across 4 or 8 lanes (quant_dequant_lanes<kBlock, 4>), as
+// the register path's FC1 epilogue runs it at 32-row tiles (moe_gemm.cuh fc1_spread_rows).
+__global__ void quant_dequant_lanes4_kernel(kernels::QuantKind q, const float* v, int n, float g, __nv_bfloat16* out) {
+  const int i = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
+  float in[4];
+  for (int j = 0; j < 4; ++j) in[j] = i + j < n ? v[i + j] : 0.0f;
+  __nv_bfloat16 o[4];
+  if (kernels::quant_block(q) == 16) kernels::quant_dequant_lanes<16, 4>(q, in, g, o);  // every lane shuffles
+  else kernels::quant_dequant_lanes<32, 4>(q, in, g, o);
+  for (int j = 0; j < 4; ++j)
+    if (i + j < n) out[i + j] = o[j];
+}
+
 // got equals want bit for bit (n: the block size, for the message).
 void expect_bitwise_equal(const std::vector<__nv_bfloat16>& want, const std::vector<__nv_bfloat16>& got,
                           kernels::QuantKind q, int n) {
@@ -134,7 +147,7 @@ void expect_bitwise_equal(const std::vector<__nv_bfloat16>& want, const std::vec
 // Outputs poisoned with a NaN pattern that no quantiser produces: an element left unwritten differs.
 std::vector<__nv_bfloat16> poisoned(int n) { return std::vector<__nv_bfloat16>(static_cast<size_t>(n), __ushort_as_bfloat16(0x7FA5)); }
 
-TEST(GpuQuantizers, LaneParallelEqualsBlockBitForBit) {
+TEST(GpuQuantizers, LaneParallelEqualsBlockBitForBit) {  // one and four elements a lane
   REQUIRE_GPU();
   using kernels::QuantKind;
   for (QuantKind q : {QuantKind::kNone, QuantKind::kNvfp4, QuantKind::kMxfp4, QuantKind::kMxfp8}) {
@@ -146,8 +159,13 @@ TEST(GpuQuantizers, LaneParallelEqualsBlockBitForBit) {
     GPU_CHECK(cudaGetLastError());
     quant_dequant_lanes_kernel<<<(total + 255) / 256, 256>>>(q, dv.get(), total, 0.37f, dlanes.get());
     GPU_CHECK(cudaGetLastError());
+    DeviceArray<__nv_bfloat16> dlanes4(poisoned(total));
+    quant_dequant_lanes4_kernel<<<(total / 4 + 255) / 256, 256>>>(q, dv.get(), total, 0.37f, dlanes4.get());
+    GPU_CHECK(cudaGetLastError());
     GPU_CHECK(cudaDeviceSynchronize());
-    expect_bitwise_equal(dblock.download(), dlanes.download(), q, n);
+    const std::vector<__nv_bfloat16> want = dblock.download();
+    expect_bitwise_equal(want, dlanes.download(), q, n);
+    expect_bitwise_equal(want, dlanes4.download(), q, n);
   }
 }
 
