@@ -96,13 +96,25 @@ struct CombineParams {
 
 inline constexpr int kCombineThreads = 128;
 
-// Columns c … c + 3 of token t's output (c < hidden, hidden % 4 == 0).
+// Columns c … c + 3 of token t's output (c < hidden, hidden % 4 == 0). The slots go in groups of
+// kCombineGroup: the group's rows are loaded, then its Y values, then added in slot order (the same
+// sum, bit for bit, as one slot at a time). Why: one slot at a time was two dependent loads a slot,
+// 2K round trips in series (16 at K = 8) for a decode call whose combine is all latency.
+inline constexpr int kCombineGroup = 8;
 __device__ __forceinline__ void combine4(const CombineParams& p, int t, int c) {
   float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int j = 0; j < p.top_k; ++j) {
-    const int row = p.route_row[static_cast<int64_t>(t) * p.top_k + j];
-    if (row < 0) continue;
-    add4(s, *reinterpret_cast<const float4*>(p.y + static_cast<int64_t>(row) * p.hidden + c));
+  const int* slots = p.route_row + static_cast<int64_t>(t) * p.top_k;
+  for (int j0 = 0; j0 < p.top_k; j0 += kCombineGroup) {
+    int row[kCombineGroup];
+    float4 v[kCombineGroup];
+#pragma unroll
+    for (int i = 0; i < kCombineGroup; ++i) row[i] = j0 + i < p.top_k ? slots[j0 + i] : -1;
+#pragma unroll
+    for (int i = 0; i < kCombineGroup; ++i)
+      if (row[i] >= 0) v[i] = *reinterpret_cast<const float4*>(p.y + static_cast<int64_t>(row[i]) * p.hidden + c);
+#pragma unroll
+    for (int i = 0; i < kCombineGroup; ++i)
+      if (row[i] >= 0) add4(s, v[i]);  // unrouted slots add nothing
   }
   store_out4(p.out, p.out_fp32, static_cast<int64_t>(t) * p.hidden + c, s);
 }
