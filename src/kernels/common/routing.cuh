@@ -55,13 +55,17 @@ __device__ __forceinline__ int local_expert(const RoutingParams& p, int64_t r) {
   return (e >= 0 && e < p.experts) ? static_cast<int>(e) : -1;
 }
 
-// Route r goes to `row` of local expert e (both -1 when it is not routed here): the maps both ways.
-__device__ __forceinline__ void record_route(const RoutingParams& p, int64_t r, int e, int row) {
+// Route r goes to `row` of local expert e (both -1 when it is not routed here): the maps both ways,
+// and the row's router weight w (topk_weights[r]).
+__device__ __forceinline__ void record_route(const RoutingParams& p, int64_t r, int e, int row, float w) {
   if (row >= 0) {
-    p.row_weight[row] = p.topk_weights[r];
+    p.row_weight[row] = w;
     p.row_expert[row] = e;
   }
   p.route_row[r] = row;
+}
+__device__ __forceinline__ void record_route(const RoutingParams& p, int64_t r, int e, int row) {
+  record_route(p, r, e, row, row >= 0 ? p.topk_weights[r] : 0.0f);
 }
 
 // Thread tid of the CTA holds the route counts of local experts kItems·tid … kItems·tid + kItems − 1
@@ -114,11 +118,21 @@ template <int kThreads, int kItems>
 __device__ __forceinline__ void route_one_cta(const RoutingParams& p, int* count,
                                               typename cub::BlockScan<int, kThreads>::TempStorage& storage) {
   const int tid = threadIdx.x;
+  // At most one route a thread (decode calls): its expert and router weight are loaded once, before
+  // the histogram, and kept for the placement (the loop form loads the ids again there, and the
+  // weight only then: two more round trips on every dynamic call's critical path).
+  const bool one = p.routes <= kThreads;
+  const int e_mine = one && tid < p.routes ? local_expert(p, tid) : -1;
+  const float w_mine = e_mine >= 0 ? p.topk_weights[tid] : 0.0f;
   for (int e = tid; e < p.experts; e += kThreads) count[e] = 0;
   __syncthreads();
-  for (int64_t r = tid; r < p.routes; r += kThreads) {
-    const int e = local_expert(p, r);
-    if (e >= 0) atomicAdd(&count[e], 1);
+  if (one) {
+    if (e_mine >= 0) atomicAdd(&count[e_mine], 1);
+  } else {
+    for (int64_t r = tid; r < p.routes; r += kThreads) {
+      const int e = local_expert(p, r);
+      if (e >= 0) atomicAdd(&count[e], 1);
+    }
   }
   __syncthreads();
   int mine[kItems], row0[kItems];
@@ -135,6 +149,10 @@ __device__ __forceinline__ void route_one_cta(const RoutingParams& p, int* count
     if (e < p.experts) count[e] = row0[i];  // now the next free row of expert e
   }
   __syncthreads();
+  if (one) {
+    if (tid < p.routes) record_route(p, tid, e_mine, e_mine >= 0 ? atomicAdd(&count[e_mine], 1) : -1, w_mine);
+    return;
+  }
   for (int64_t r = tid; r < p.routes; r += kThreads) {
     const int e = local_expert(p, r);
     record_route(p, r, e, e >= 0 ? atomicAdd(&count[e], 1) : -1);
