@@ -27,6 +27,7 @@ GenericWorkspace::GenericWorkspace(const MoeConfig& c, const DeviceWeights& w, i
   // Zeroed once: a GEMM tile may read up to kRowWeightPad entries past a call's rows (routing.cuh).
   row_weight = DeviceBuffer((R + kernels::kRowWeightPad) * sizeof(float), "workspace.row_weight");
   FP4MOE_CUDA_CHECK(cudaMemset(row_weight.get(), 0, row_weight.bytes()));
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any stream uses it
   row_expert = DeviceBuffer(R * sizeof(int), "workspace.row_expert");
   expert_offset = DeviceBuffer((EL + 1) * sizeof(int), "workspace.expert_offset");
   expert_tile_offset = DeviceBuffer((EL + 1) * sizeof(int), "workspace.expert_tile_offset");

@@ -164,8 +164,9 @@ __device__ __forceinline__ void fc1_spread_rows(const MoeGemmParams& p, const fl
     float h[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float x = gs[j], r2 = x < 0.0f ? 0.0f : x;  // relu2: NaN stays NaN
-      h[j] = fmt::round_bf16(p.gated ? act(x, us[j]) : r2 * r2);  // bf16 before requantisation (§2.4)
+      const float h1 = p.gated ? act(gs[j], us[j])
+                               : apply_activation<float>(Activation::kRelu2, gs[j], 0.0f, p.sw_alpha, p.sw_beta, p.sw_limit);
+      h[j] = fmt::round_bf16(h1);  // bf16 before requantisation (§2.4)
     }
     __nv_bfloat16 q[4];
     if (mx) quant_dequant_lanes<fmt::kMxBlock, 4>(p.q2, h, g2, q);
@@ -210,9 +211,9 @@ __device__ __forceinline__ void fc1_store_rows(const MoeGemmParams& p, float* c,
 
 // FC2: staged rows [0, rows) of n-tile y → · router weight → Y[grow0 + r], float4 stores; columns
 // past H are skipped. rws: the rows' router weights, already in shared memory (the dynamic kernels
-// load them before the tile's main loop, so the loads hide behind the MMAs (when they were two
-// dependent loads a row, through the row's route, loading them here took over half of qwen3-30b-a3b's FC2 at T = 16384, whose k loop is 12
-// steps: NOTES session 8), or null to load them here.
+// load them before the tile's main loop, so the loads hide behind the MMAs: when they were two
+// dependent loads a row, through the row's route, loading them here took over half of qwen3-30b-a3b's
+// FC2 at T = 16384, whose k loop is 12 steps, NOTES session 8), or null to load them here.
 template <int BN>
 __device__ __forceinline__ void fc2_store_rows(const MoeGemmParams& p, const float* c, int ldc, int rows, int grow0,
                                                int y, int tid, int nthreads, const float* rws = nullptr) {
