@@ -23,8 +23,7 @@
 //                      otherwise; and issues 4 × wgmma m64nBMk16 with A from registers and B = the
 //                      activation tile.
 //   Then the two consumers stage alpha·acc + bias transposed (routed row × weight column) and run
-//   the FC1 or FC2 epilogue of the tile together (named barrier over 256 threads), or at 32-row
-//   m-tiles hand it to warps 1–3 of the producer warpgroup (kEpilogueWarps) and go on.
+//   the FC1 or FC2 epilogue of the tile together (named barrier over 256 threads).
 //   Stages: a ring of kStagesOf<BM> (activation tile, weight slice) pairs with mbarriers "full" (one
 //   producer arrival with the stage's bytes) and "empty" (256 consumer arrivals); no __syncthreads
 //   after the prologue.
@@ -106,29 +105,14 @@ inline constexpr int kCtasPerSm = BM == 32 ? 2 : 1;
 // Registers per thread. At launch: what __launch_bounds__ leaves each of kThreads × kCtasPerSm
 // threads, in the allocation's units of 8 (168 for one CTA, 80 for two; the host checks ptxas agreed,
 // dynamic_gemm_opt_in). Then setmaxnreg moves them within the CTA's pool (SETMAXREG .CTAPOOL): the
-// producer warpgroup gives back to kProducerRegs, the consumers take what that frees, in units of 8.
+// producer (copies only) gives back to 40, the consumers take what that frees, in units of 8.
 // Asking for more than the pool holds would make the consumers' increase wait forever.
-// The tile's epilogue on warps 1–3 of the producer warpgroup (kEpilogueWarps, the 32-row m-tiles):
-// the consumers stage alpha·acc + bias, arrive on "c_full" and go on to the next tile's stages; the
-// epilogue warps run the FC1 or FC2 epilogue from the staging and arrive on "c_free", which the
-// consumers wait for before they stage the next tile (a whole main loop later, so in practice it has
-// long completed). Why: with the consumers running it, a 32-row tile of ~2 routed rows kept one or two
-// of the 8 consumer warps in the epilogue while the other six waited at the barrier after it: 11.7 %
-// of dynamic's FC1 stall samples at qwen3-30b-a3b a4 T = 16 after dc9cb78, the epilogue and its first
-// barrier ~5 % more (NOTES session 24). 64- and 128-row tiles keep it on the consumers: their main
-// loops are long against it, and three warps would take 4× as long as eight over a full 128-row tile.
-template <int BM>
-inline constexpr bool kEpilogueWarps = BM == 32;
-inline constexpr int kEpilogueThreads = kWarpgroup - 32;
-// The producer warpgroup's registers after setmaxnreg: 40 for the copies alone, 48 where warps 1–3 run
-// the epilogue (two CTAs of 384 threads at BM = 32: 128 · 48 + 256 · 96 = 30720, the pool exactly).
-template <int BM>
-inline constexpr int kProducerRegs = kEpilogueWarps<BM> ? 48 : 40;
+inline constexpr int kProducerRegs = 40;
 template <int BM, bool kF16>
 inline constexpr int kLaunchRegs = 65536 / (kThreads * kCtasPerSm<BM, kF16>) / 8 * 8;
 template <int BM, bool kF16>
 inline constexpr int kConsumerRegs =
-    (kLaunchRegs<BM, kF16> * kThreads - kWarpgroup * kProducerRegs<BM>) / (kConsumers * kWarpgroup) / 8 * 8;
+    (kLaunchRegs<BM, kF16> * kThreads - kWarpgroup * kProducerRegs) / (kConsumers * kWarpgroup) / 8 * 8;
 // Staging row stride in floats: 4 (mod 32) makes both the accumulator stores (8 weight rows × 4
 // routed rows per instruction) and the epilogue's float4 reads down 8 rows conflict-free.
 inline constexpr int kLdc = BN + 4;
@@ -156,13 +140,10 @@ struct alignas(1024) Smem {
   // the tensor copy writes them (128-byte aligned: a tensor copy's destination).
   alignas(128) uint8_t ws[kStages][kRowTiles * kMaxScaleBytes];
   alignas(16) float c[BM * kLdc];     // epilogue staging: [routed row][tile column], alpha·acc + bias
-  float rw[2][BM];                    // FC2: the tile's router weights (router_weight; [1]: the epilogue
-                                      // warps' other tile)
+  float rw[BM];                       // FC2: the tile's router weights (router_weight)
   std::conditional_t<kF16, NoTables, FragTables> tables;  // E2M1 and scale byte → bf16x2, per lane (bf16 only)
   uint64_t full[kStages];             // producer → consumers: the stage's bytes have landed
   uint64_t empty[kStages];            // consumers → producer: stage read by the tensor cores
-  uint64_t c_full;                    // consumers → epilogue warps: the tile is staged (kEpilogueWarps)
-  uint64_t c_free;                    // epilogue warps → consumers: the staging has been read
   int aborted;                        // watchdog (mbarrier.cuh)
 };
 // Dynamic shared memory a register-path kernel launches with: the Smem and the alignment slack.
@@ -210,14 +191,14 @@ __device__ __forceinline__ float expert_alpha(const MoeGemmParams& p, int e) {
 
 // The end of a tile: consumer warpgroup c's accumulators (weight rows [64c, 64c + 64) × BM routed
 // rows, BM / 2 floats per thread) → alpha·acc + bias staged transposed in `stage` (routed row × tile
-// column, kLdc floats per row; stage_tile) → the FC1 or FC2 epilogue, by the epilogue warps
-// (kEpilogueWarps: epilogue_warps) or over both consumers (finish_tile: named barrier 1 over their 256
-// threads; t: this thread in its warpgroup, ct: among both).
+// column, kLdc floats per row) → the FC1 or FC2 epilogue over both consumers (named barrier 1 over
+// their 256 threads; t: this thread in its warpgroup, ct: among both).
 // alpha: expert_alpha of the tile's expert. rws (FC2): the tile's router weights in shared memory,
 // written before this call (fc2_store_rows).
-template <bool kFc1, int BM>
-__device__ __forceinline__ void stage_tile(const MoeGemmParams& p, const TileInfo& ti, float alpha,
-                                           const float (&acc)[BM / 2], float* stage, int c, int t) {
+template <bool kFc1, int BM, bool kF16>
+__device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileInfo& ti, float alpha,
+                                            const float (&acc)[BM / 2], float* stage, int c, int t, int ct,
+                                            const float* rws) {
   // acc element i is D[weight row 64c + acc_row(t, i)][routed row acc_col(t, i)] (wgmma_layout.h).
   float bias[2] = {0.0f, 0.0f};  // this thread's two weight rows: acc_row(t, i) for (i / 2) % 2 = 0, 1
   if (p.bias) {
@@ -233,12 +214,6 @@ __device__ __forceinline__ void stage_tile(const MoeGemmParams& p, const TileInf
     const int v = 64 * c + wgmma::acc_row(t, i), n = wgmma::acc_col(t, i);
     stage[n * kLdc + v] = alpha * acc[i] + bias[(i >> 1) & 1];
   }
-}
-template <bool kFc1, int BM, bool kF16>
-__device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileInfo& ti, float alpha,
-                                            const float (&acc)[BM / 2], float* stage, int c, int t, int ct,
-                                            const float* rws) {
-  stage_tile<kFc1, BM>(p, ti, alpha, acc, stage, c, t);
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
   const int rows = min(BM, ti.valid);
   if constexpr (kFc1) fc1_store_rows<BN, BM == 32>(p, stage, kLdc, rows, ti.row0, ti.e, ti.y, ct, kConsumers * kWarpgroup);
@@ -350,12 +325,9 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, const TensorMaps
 // bit moves and E4M3 conversions (frag_a_f16, ~18 instructions per k16 step and lane, no shared
 // loads) instead of the per-lane tables (frag_a_bf16: 6 LDS, their address IMADs and PRMTs; the
 // profile counted 68 instructions per HGMMA in all, NOTES session 11), and the wgmma reads f16.
-// done: the tiles this CTA has staged so far (the c_full / c_free phases; kEpilogueWarps only),
-// advanced like `it`; epilogue_warps takes the same.
 template <bool kFc1, int BM, bool kF16>
 __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, int work,
-                                        const ptx::Watchdog& wd, uint32_t& it, uint32_t& done) {
-  constexpr bool kSplit = kEpilogueWarps<BM>;
+                                        const ptx::Watchdog& wd, uint32_t& it) {
   const int c = threadIdx.x / kWarpgroup - 1;
   const int t = threadIdx.x % kWarpgroup, warp = t >> 5, lane = t & 31;
   const int ct = threadIdx.x - kWarpgroup;  // 0..255: this thread among both consumers (epilogue)
@@ -378,12 +350,11 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
   for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = tile_info<BM>(p, w, n_tiles);
-    const float rw = kFc1 || kSplit || ct >= BM ? 0.0f : router_weight(p, ti, ct);
+    const float rw = kFc1 || ct >= BM ? 0.0f : router_weight(p, ti, ct);
     // FC2's alpha here, with the router weight (FC1's in the epilogue: its consumers have no load at the
     // tile's start to share the wait for the tile's expert with); 3.6 % of FC2's stall samples were on
-    // it in the epilogue (NOTES session 23). With the epilogue warps both load it here: the
-    // consumers' tile then ends with no load at all.
-    const float alpha = kFc1 && !kSplit ? 0.0f : expert_alpha<kF16>(p, ti.e);
+    // it in the epilogue (NOTES session 23).
+    const float alpha = kFc1 ? 0.0f : expert_alpha<kF16>(p, ti.e);
     // Two sets of A fragments: while stage kt - 1's MMAs run, the warpgroup dequantises stage kt into
     // the other set; wgmma_wait<1> then frees stage kt - 1's set and its stage (tile and weights).
     uint32_t a0[4][4], a1[4][4];
@@ -439,42 +410,8 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
     ptx::fence_operand(acc);
     ptx::mbar_arrive(&sm.empty[(it - 1) % kRing]);
 
-    if constexpr (kSplit) {
-      ptx::mbar_wait(&sm.c_free, (done & 1) ^ 1, wd, kWaitStagingFree, static_cast<int>(done));
-      stage_tile<kFc1, BM>(p, ti, alpha, acc, sm.c, c, t);
-      ptx::mbar_arrive(&sm.c_full);  // release: the staging's writes → the epilogue warps
-      ++done;
-    } else {
-      if (!kFc1 && ct < BM) sm.rw[0][ct] = rw;  // read after finish_tile's first barrier
-      finish_tile<kFc1, BM, kF16>(p, ti, kFc1 ? expert_alpha<kF16>(p, ti.e) : alpha, acc, sm.c, c, t, ct, sm.rw[0]);
-    }
-  }
-}
-
-// Warps 1–3 of the producer warpgroup (kEpilogueWarps): each tile's epilogue, once the consumers have
-// staged it (c_full), then c_free. FC2's router weights are loaded into sm.rw[done & 1] before the
-// wait (one load a row; thread r < BM loads row r) and shared over the three warps by named barrier 2;
-// two buffers, so that a thread storing the next tile's cannot overwrite what another still reads (it
-// has passed this tile's barrier, which each reader reaches only after the tile before).
-template <bool kFc1, int BM, bool kF16>
-__device__ __forceinline__ void epilogue_warps(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, int work,
-                                               const ptx::Watchdog& wd, uint32_t& done) {
-  static_assert(kEpilogueWarps<BM> && BM <= kEpilogueThreads, "one router weight a thread");
-  const int et = threadIdx.x - 32;  // 0..95
-  for (int w = blockIdx.x; w < work; w += gridDim.x) {
-    const TileInfo ti = tile_info<BM>(p, w, n_tiles);
-    const int rows = min(BM, ti.valid);
-    float* const rws = sm.rw[done & 1];
-    if (!kFc1 && et < BM) rws[et] = router_weight(p, ti, et);
-    ptx::mbar_wait(&sm.c_full, done & 1, wd, kWaitStaged, static_cast<int>(done));
-    if constexpr (kFc1) {
-      fc1_store_rows<BN, true>(p, sm.c, kLdc, rows, ti.row0, ti.e, ti.y, et, kEpilogueThreads);
-    } else {
-      ptx::named_barrier_sync(2, kEpilogueThreads);
-      fc2_store_rows<BN>(p, sm.c, kLdc, rows, ti.row0, ti.y, et, kEpilogueThreads, rws);
-    }
-    ptx::mbar_arrive(&sm.c_free);
-    ++done;
+    if (!kFc1 && ct < BM) sm.rw[ct] = rw;  // read after finish_tile's first barrier
+    finish_tile<kFc1, BM, kF16>(p, ti, kFc1 ? expert_alpha<kF16>(p, ti.e) : alpha, acc, sm.c, c, t, ct, sm.rw);
   }
 }
 
@@ -483,11 +420,7 @@ __device__ __forceinline__ void epilogue_warps(const MoeGemmParams& p, Smem<BM, 
 // bf16 variant's lookup tables, then a __syncthreads.
 template <int BM, bool kF16>
 __device__ __forceinline__ void start_cta(Smem<BM, kF16>& sm, bool nvfp4) {
-  if (threadIdx.x == 0) {
-    ptx::mbar_init(&sm.c_full, kConsumers * kWarpgroup);
-    ptx::mbar_init(&sm.c_free, kEpilogueThreads);
-    init_pipeline<Smem<BM, kF16>::kStages>(sm.full, sm.empty, &sm.aborted);
-  }
+  if (threadIdx.x == 0) init_pipeline<Smem<BM, kF16>::kStages>(sm.full, sm.empty, &sm.aborted);
   if constexpr (!kF16) fill_frag_tables(sm.tables, nvfp4, threadIdx.x, kThreads);
   __syncthreads();
 }
@@ -495,15 +428,14 @@ __device__ __forceinline__ void start_cta(Smem<BM, kF16>& sm, bool nvfp4) {
 // The roles: the producer warpgroup gives registers back to kProducerRegs, the consumers take what
 // that frees. One CTA per SM: 384 threads start with 168 registers each, then 40 and 232 (up to 64
 // accumulators, two A fragment sets): 128·40 + 256·232 = 64512. Two (the f16 variant at BM = 32):
-// 80 each at the start (30720 a CTA), then 48 (the epilogue warps' code fits) and 96. Returns whether
-// this thread is in the producer warpgroup (the copies' thread, and at BM = 32 the epilogue warps).
+// 80 each at the start (30720 a CTA), then 40 and 96. Returns whether this thread produces.
 template <int BM, bool kF16>
 __device__ __forceinline__ bool take_role() {
-  static_assert(kWarpgroup * kProducerRegs<BM> + kConsumers * kWarpgroup * kConsumerRegs<BM, kF16> <=
+  static_assert(kWarpgroup * kProducerRegs + kConsumers * kWarpgroup * kConsumerRegs<BM, kF16> <=
                     kLaunchRegs<BM, kF16> * kThreads,
                 "the consumers' setmaxnreg.inc would wait forever for registers the CTA's pool lacks");
   if (threadIdx.x < kWarpgroup) {
-    ptx::setmaxnreg_dec<kProducerRegs<BM>>();
+    ptx::setmaxnreg_dec<kProducerRegs>();
     return true;
   }
   ptx::setmaxnreg_inc<kConsumerRegs<BM, kF16>>();
@@ -528,13 +460,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<BM, kF16>)
   ptx::wait_prior_grids();
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int work = *p.num_tiles * n_tiles;
-  uint32_t it = 0, done = 0;
-  if (take_role<BM, kF16>()) {
-    if (threadIdx.x < 32) produce<kFc1, BM, kF16>(p, &maps, sm, n_tiles, work, wd, it);
-    else if constexpr (kEpilogueWarps<BM>) epilogue_warps<kFc1, BM, kF16>(p, sm, n_tiles, work, wd, done);
-  } else {
-    consume<kFc1, BM, kF16>(p, sm, n_tiles, work, wd, it, done);
-  }
+  uint32_t it = 0;
+  if (take_role<BM, kF16>()) produce<kFc1, BM, kF16>(p, &maps, sm, n_tiles, work, wd, it);
+  else consume<kFc1, BM, kF16>(p, sm, n_tiles, work, wd, it);
 }
 
 }  // namespace fp4moe::kernels::dynamic

@@ -18,9 +18,8 @@
 // results are theirs bit for bit (same rows, same summation order), and deterministic.
 //
 // Registers: phases 0 and 1 run on all 384 threads with the launch's allocation (kLaunchRegs: 168,
-// or 80 for the two CTAs per SM at 32-row m-tiles); then the producer warpgroup gives registers back
-// to 40 (48 at 32 rows, where its warps 1–3 run the GEMMs' epilogues: dynamic.cuh kEpilogueWarps) and
-// the consumers take them (setmaxnreg, as dynamic's gemm_kernel), and phase 4 runs on the consumers.
+// or 80 for the two CTAs per SM at 32-row m-tiles); then the producer gives registers back to 40 and the
+// consumers take them (setmaxnreg, as dynamic's gemm_kernel), and phase 4 runs on the consumers.
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -95,30 +94,21 @@ __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_ker
   grid_sync(p.barrier);
 
   const int tiles = *p.route.num_tiles;  // written by CTA 0 before the first barrier
-  // The ring's stages used so far and the tiles staged (dynamic.cuh consume): FC2 continues where
-  // FC1 left the barriers' phases.
-  uint32_t it = 0, done = 0;
+  uint32_t it = 0;  // the ring's stages used so far: FC2 continues where FC1 left the barriers' phases
   if (dk::take_role<BM, kF16>()) {
     // The writers fenced their generic writes for the async proxy before the barrier; the copies'
     // issuer fences again after it (the tensor copies read A1 / A2 through the async proxy).
-    // Warps 1–3 run the 32-row tiles' epilogues (dk::kEpilogueWarps): FC1's writes A2, so they fence
-    // it for FC2's tensor copies before the barrier, as the consumers do.
     ptx::fence_proxy_async_global();
-    if (threadIdx.x < 32) dk::produce<true, BM, kF16>(p.fc1, &p.maps1, sm, p.n1_tiles, tiles * p.n1_tiles, wd, it);
-    else if constexpr (dk::kEpilogueWarps<BM>)
-      dk::epilogue_warps<true, BM, kF16>(p.fc1, *opaque(&sm), p.n1_tiles, tiles * p.n1_tiles, wd, done);
-    ptx::fence_proxy_async_global();
+    dk::produce<true, BM, kF16>(p.fc1, &p.maps1, sm, p.n1_tiles, tiles * p.n1_tiles, wd, it);
     grid_sync(p.barrier);
     ptx::fence_proxy_async_global();
-    if (threadIdx.x < 32) dk::produce<false, BM, kF16>(p.fc2, &p.maps2, sm, p.n2_tiles, tiles * p.n2_tiles, wd, it);
-    else if constexpr (dk::kEpilogueWarps<BM>)
-      dk::epilogue_warps<false, BM, kF16>(p.fc2, *opaque(&sm), p.n2_tiles, tiles * p.n2_tiles, wd, done);
+    dk::produce<false, BM, kF16>(p.fc2, &p.maps2, sm, p.n2_tiles, tiles * p.n2_tiles, wd, it);
     grid_sync(p.barrier);
   } else {
-    dk::consume<true, BM, kF16>(p.fc1, *opaque(&sm), p.n1_tiles, tiles * p.n1_tiles, wd, it, done);
+    dk::consume<true, BM, kF16>(p.fc1, *opaque(&sm), p.n1_tiles, tiles * p.n1_tiles, wd, it);
     ptx::fence_proxy_async_global();  // A2's generic writes (FC1's epilogue) → FC2's tensor copies
     grid_sync(p.barrier);  // A2 is complete
-    dk::consume<false, BM, kF16>(p.fc2, *opaque(&sm), p.n2_tiles, tiles * p.n2_tiles, wd, it, done);
+    dk::consume<false, BM, kF16>(p.fc2, *opaque(&sm), p.n2_tiles, tiles * p.n2_tiles, wd, it);
     grid_sync(p.barrier);  // Y is complete
     // The top-k sum over the consumers of the grid: 4 columns of one token per thread.
     const int quads = p.combine.hidden / 4;
