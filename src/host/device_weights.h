@@ -82,12 +82,5 @@ inline PaddedDims padded_dims(const MoeConfig& c) {
   return {h_pad, i_pad, c.gated() ? 2 * i_pad : i_pad};
 }
 
-// One local expert's bytes in the layout above (FC1 and FC2 codes and block scales): what a call
-// streams per touched expert.
-inline int64_t expert_weight_bytes(const MoeConfig& c) {
-  const PaddedDims d = padded_dims(c);
-  const int64_t elems = (int64_t{d.n1_pad} + d.i_pad) * d.h_pad;
-  return elems / 2 + elems / c.weight_block();
-}
 
 }  // namespace fp4moe::gpu

@@ -11,43 +11,26 @@
 namespace fp4moe::gpu {
 namespace {
 
-// kAuto on sm_90, from session 17's sweep for a4 (bench/results/h100-decode-sweep-20261205-s17.md:
-// qwen3-30b-a3b, gpt-oss-120b, mixtral-8x7b, deepseek-v3 at T = 1…128, a4 and a16, direct_micro and
-// dynamic forced on the same inputs) and session 18's for a16 (…-s18-a16.md, the same shapes and
-// seed), both on an H100, the card lent those sessions. Session 16's tensor-copy producer had made
-// dynamic's register path ~21 % faster than session 13's sweep (h200-decode-sweep-20261203-s13.md)
-// measured it:
-//  - the f16 variant (NVFP4-a4): direct_micro while T·K ≤ 16 routes (and ≤ 896 MiB touched), or
-//    while the touched experts' weights (min(E_local, T·K) experts) are at most 256 MB and the mean
-//    touched expert has at most 4 routes. Up to 16 routes it won every point (deepseek-v3 T = 2
-//    178.1 against dynamic's 183.2 µs, mixtral-8x7b T = 8 306.0 against 315.7), mostly on dynamic's
-//    fixed costs (its pre-pass and two launches, ~6 µs at qwen3-30b-a3b T = 1) and, where few
-//    experts are touched, on dynamic's FC2 having fewer n-tiles than SMs (mixtral T = 1: 2 experts ×
-//    32 tiles; 136.6 against 98.8). Past 16 routes it won only where the weights are few
-//    (qwen3-30b-a3b T = 8, 64 experts × 2.7 MB: 83.6 against 90.4; T = 16, 340 MB, a tie at 124.4 /
-//    124.3); with more bytes dynamic's weight stream is the faster one (deepseek-v3 T = 4, 32
-//    routes, 0.79 GB: 324.6 against 326.9; gpt-oss-120b T = 8, 0.45 GB: 200.7 against 208.0; mixtral
-//    T = 16: 337.6 against 357.7). This rule takes the faster backend at all 32 a4 points of the
-//    sweep. Session 18's sweep of the two shapes left out
-//    (h100-decode-sweep-20261205-s18-llama4-qwen235.md) capped the "≤ 16 routes" clause at 896 MiB
-//    of touched weights: llama4-scout T = 16 (16 routes over 16 experts, 1080 MiB) went to
-//    direct_micro at 375.4 µs against dynamic's 310.9; the heaviest point the clause still wins is
-//    mixtral-8x7b T = 8 (756 MiB, 306.0 against 315.7). With the cap: 15 of 16 a4 points of that
-//    sweep (qwen3-235b-a22b T = 4, 324 MiB, dynamic 154.8 against 151.9: +1.9 %).
-//  - the bf16 variant (a16, MXFP4, a8), re-read after it took two CTAs per SM at 32-row m-tiles
-//    (session 18, −14 to −24 % on dynamic's a16 rows; h100-decode-sweep-20261205-s18-a16.md):
-//    direct_micro while T·K ≤ 4 routes, or while the touched experts' weights are at most 200 MiB,
-//    and in both cases at most 4 routes per touched expert. It won at ≤ 4 routes whatever the bytes
-//    (mixtral-8x7b T = 2, 0.4 GB: 201.4 against 244.1 µs) and below ~190 MiB (deepseek-v3 T = 1,
-//    8 × 23.6 MiB: 113.9 against 122.0; qwen3-30b-a3b T = 8, 162 MiB: 95.9 against 102.6); past
-//    ~210 MiB dynamic won (gpt-oss-120b T = 4, 214 MiB: 138.8 against 144.6; mixtral T = 4: 311.9
-//    against 322.9). The faster backend at 31 of the 32 a16 points; the miss is deepseek-v3 T = 2
-//    (16 routes, 378 MiB: dynamic 208.3 against 204.4, +1.9 %); of the llama4-scout / qwen3-235b-a22b
-//    sweep 15 of 16 (qwen3-235b-a22b T = 4, 324 MiB: dynamic 178.9 against 174.4, +2.6 %). Session
-//    17's line (4 routes per expert alone) would take direct_micro at 17 of the four-shape sweep's
-//    points, where dynamic is faster by 1–36 %.
-//  - both up to the variant's capacity (T·K = 1024 routes f16, 512 bf16); the mean touched expert's
-//    routes are T·K over min(E_local, T·K), the most experts the routes can touch.
+// kAuto on sm_90, from session 24's sweep (bench/results/h100-decode-sweep-20261206-s24.md: all six
+// named shapes at T = 1, 2, 4, 6, 8, 16, 32, 64, a4 and a16, direct_micro and dynamic forced on the
+// same inputs, on an H100, the card lent). Its T = 1…8 points ran twice (the second run's are in
+// h100-20261206-s24-epilogue-warps-ab.md, tree main): the same backend won at 45 of 48.
+//  - direct_micro while T·K ≤ 8 routes, both variants (NVFP4-a4's f16 one and the bf16 one). Session
+//    23's 32-row FC1 epilogue (dc9cb78: −10 to −12 % on dynamic's decode rows) moved the line down
+//    from sessions 17/18's (up to 16 routes, or up to 256 / 200 MiB of touched weights): dynamic now
+//    wins from 16 routes on at nearly every point (qwen3-30b-a3b T = 2: 34.3 against 39.2 µs;
+//    gpt-oss-120b T = 4: 115.3 against 118.8; mixtral-8x7b T = 8: 286.7 against 297.3), and at
+//    qwen3-30b-a3b T = 8, which the old byte clause gave direct_micro, by 7 % (73.4 against 79.1).
+//    direct_micro keeps the points of few, large experts, where dynamic's FC2 has fewer n-tiles than
+//    SMs (mixtral-8x7b T = 1, 2 experts: 96.2 against 155.3; llama4-scout T = 1: 46.9 against 83.3;
+//    gpt-oss-120b T = 2: 67.6 against 75.8).
+//  - The rule takes the faster backend at 50 of the sweep's 60 points at T ≤ 8 and at all 36 past
+//    it; over the 96 points it costs 0.47 % on average (session 17/18's line: 1.3 %, up to 17 % at
+//    qwen3-30b-a3b T = 2). The misses: llama4-scout a16 T = 4 and 6 (4–6 routes over 4–5 experts of
+//    67.5 MiB; dynamic 6.8 and 13 % faster, at a4 T = 6 2.7 %), qwen3-235b-a22b T = 1 (8 routes;
+//    dynamic 1.5 / 4.1 % faster) and T = 2 (16 routes; direct_micro 7.5 / 5.7 % faster), deepseek-v3
+//    a4 T = 4 (direct_micro 2.9 % faster), and two ties. No line in routes or touched bytes took these
+//    without losing more elsewhere (a 16-route line: 1.4 % on average, qwen3-30b-a3b T = 2 +14–17 %).
 //  - static is not taken: at no point of session 13's sweep was it faster than dynamic by more than
 //    0.7 % (a16; a4 4–10 % slower), since both run the same GEMM core and static saves only launches.
 //  - dynamic above that on sm_90 (wgmma): faster than generic at 34 of session 13's 35 points (up
@@ -60,19 +43,11 @@ constexpr int64_t kDirectMicroMaxRoutes = 1024;
 }  // namespace
 
 bool direct_micro_preferred(const MoeConfig& c, int64_t routes, bool dynamic_runs) {
-  constexpr int64_t kRoutesPerExpert = 4;              // sm_90, both variants
-  constexpr int64_t kRoutesPerExpertGeneric = 32;      // not sm_90
-  const bool f16 = f16_operands(c);
-  const int64_t always_routes = f16 ? 16 : 4;
-  // The "always" clause's cap on the touched weights (the f16 variant's only).
-  const int64_t always_max_bytes = f16 ? int64_t{896} << 20 : std::numeric_limits<int64_t>::max();
-  const int64_t max_touched_bytes = (f16 ? int64_t{256} : int64_t{200}) << 20;
+  constexpr int64_t kMaxRoutesBesideDynamic = 8;   // sm_90, both variants (session 24)
+  constexpr int64_t kRoutesPerExpertGeneric = 32;  // not sm_90
+  if (dynamic_runs) return routes <= kMaxRoutesBesideDynamic;
   const int64_t touched_max = std::min<int64_t>(c.local_count(), routes);
-  if (!dynamic_runs) return routes <= kRoutesPerExpertGeneric * touched_max;
-  if (routes > kRoutesPerExpert * touched_max) return false;
-  const int64_t touched_bytes = touched_max * expert_weight_bytes(c);
-  if (routes <= always_routes && touched_bytes <= always_max_bytes) return true;
-  return touched_bytes <= max_touched_bytes;
+  return routes <= kRoutesPerExpertGeneric * touched_max;
 }
 
 namespace {
