@@ -473,12 +473,13 @@ TEST(GpuDynamic, DeterministicInAGraphAndPickedByAutoAboveDirectMicro) {
   const MoeConfig c = make_config(64, 512, 256, 8, WeightFormat::kMXFP4, ActMode::kA16, Activation::kSwigluOai, true);
   const Problem p = testkit::make_problem({c, 500, 66});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
-  // kAuto (gpu_runner.cpp): direct_micro up to 512 routes at ≤ 4 per touched expert on sm_90 (the
-  // bf16 variant; here T ≤ 32), then dynamic; elsewhere ≤ 32 per touched expert (T ≤ 64), then generic.
+  // kAuto (gpu_runner.cpp, session 24's sweep): on sm_90 direct_micro while T·K ≤ 8 routes (here
+  // T = 1), then dynamic; elsewhere direct_micro while ≤ 32 routes per touched expert within the bf16
+  // variant's 512 routes (T ≤ 64), then generic.
   MoeRunner autor(c, w, {.max_tokens = 16384});
   const bool sm90 = device_is_sm90();
-  for (int64_t T : {1, 32}) EXPECT_EQ(autor.plan(T), Backend::kDirectMicro) << T;
-  for (int64_t T : {33, 64}) EXPECT_EQ(autor.plan(T), sm90 ? Backend::kDynamic : Backend::kDirectMicro) << T;
+  EXPECT_EQ(autor.plan(1), Backend::kDirectMicro);
+  for (int64_t T : {2, 32, 64}) EXPECT_EQ(autor.plan(T), sm90 ? Backend::kDynamic : Backend::kDirectMicro) << T;
   for (int64_t T : {65, 4096, 16384}) EXPECT_EQ(autor.plan(T), sm90 ? Backend::kDynamic : Backend::kGeneric) << T;
   MoeRunner r(c, w, {.max_tokens = 500, .backend = Backend::kDynamic});
   EXPECT_EQ(r.plan(500), Backend::kDynamic);
@@ -676,12 +677,12 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
   const Problem p = testkit::make_problem({c, 4, 71});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
   MoeRunner r(c, w, {.max_tokens = 4096});
-  // kAuto (gpu_runner.cpp, the measured crossovers): on sm_90 direct_micro while ≤ 4 routes per
-  // touched expert on the f16 variant (NVFP4-a4; here T·K ≤ 256), then dynamic; elsewhere
-  // direct_micro up to its capacity (1024 routes) while ≤ 32 per touched expert, then generic.
+  // kAuto (gpu_runner.cpp, session 24's sweep): on sm_90 direct_micro while T·K ≤ 8 routes (here
+  // T = 1), then dynamic; elsewhere direct_micro up to its capacity (1024 routes on the f16 variant)
+  // while ≤ 32 per touched expert, then generic.
   const bool sm90 = device_is_sm90();
-  for (int64_t T : {1, 8, 32}) EXPECT_EQ(r.plan(T), Backend::kDirectMicro) << T;
-  for (int64_t T : {33, 64, 128}) EXPECT_EQ(r.plan(T), sm90 ? Backend::kDynamic : Backend::kDirectMicro) << T;
+  EXPECT_EQ(r.plan(1), Backend::kDirectMicro);
+  for (int64_t T : {2, 8, 32, 64, 128}) EXPECT_EQ(r.plan(T), sm90 ? Backend::kDynamic : Backend::kDirectMicro) << T;
   for (int64_t T : {129, 4096}) EXPECT_EQ(r.plan(T), sm90 ? Backend::kDynamic : Backend::kGeneric) << T;
   EXPECT_EQ(MoeRunner(c, w, {.max_tokens = 64, .backend = Backend::kGeneric}).plan(1), Backend::kGeneric);
   // Forced: each variant's capacity (NVFP4-a4: the f16 variant, 1024 routes; a16: bf16, 512).
@@ -694,9 +695,10 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
   MoeRunner forced16(c16, w16, {.max_tokens = 4096, .backend = Backend::kDirectMicro});
   EXPECT_EQ(forced16.plan(64), Backend::kDirectMicro);  // 512 routes
   EXPECT_ERROR(Unsupported, forced16.plan(65), "options.backend", "T·K = 65·8 = 520", "past the 512");
-  MoeRunner auto16(c16, w16, {.max_tokens = 4096});  // the bf16 variant: ≤ 4 routes per expert on sm_90
-  EXPECT_EQ(auto16.plan(32), Backend::kDirectMicro);
-  EXPECT_EQ(auto16.plan(33), sm90 ? Backend::kDynamic : Backend::kDirectMicro);
+  MoeRunner auto16(c16, w16, {.max_tokens = 4096});  // the bf16 variant: the same 8-route line on sm_90
+  EXPECT_EQ(auto16.plan(1), Backend::kDirectMicro);
+  EXPECT_EQ(auto16.plan(2), sm90 ? Backend::kDynamic : Backend::kDirectMicro);
+  EXPECT_EQ(auto16.plan(64), sm90 ? Backend::kDynamic : Backend::kDirectMicro);
   EXPECT_NE(auto16.plan(65), Backend::kDirectMicro);
   // Forced static (sm_90): up to 4096 routes (kStaticCapacity); micro is not built.
   MoeRunner forced_static(c, w, {.max_tokens = 4096, .backend = Backend::kStatic});
