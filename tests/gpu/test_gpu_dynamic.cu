@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -468,6 +469,71 @@ TEST(GpuDynamicGemm, Bf16PathMatchesCpuGemmOfDequantisedWeights) {
       SCOPED_TRACE(describe(g) + " bf16 groups of " + std::to_string(group));
       run_gemm_case(g, seed++, group);
     }
+}
+
+// ---- diagnostics (run with --gtest_also_run_disabled_tests) -------------------------------------
+
+// The register path's weight stream without the GEMM: does the order in which a stage takes its
+// bytes cost HBM bandwidth? A work item is 8 row tiles × ktiles fragment tiles of 512 B, stored row
+// tile by row tile (device_weights.h), so a stage (one k-tile of all 8) reads 8 pieces of 512 B
+// ktiles · 512 B apart: 8 interleaved sequential streams a CTA, ~2100 over the grid (kOrder 0, what
+// dynamic's tensor copies do). kOrder 1 reads the same item's bytes in address order, 4 KB a stage
+// (one stream a CTA: a layout with a stage's 8 tiles side by side). Plain 16-byte loads, 8 stages in
+// flight per thread (32 KB a CTA, two CTAs an SM as at 32-row m-tiles), the items striped over the
+// CTAs as dynamic's work list. Session 24 (H100): 3.18–3.22 TB/s both ways at ktiles 12, 32 and 112
+// (address order / stage order 0.991–0.995): the order is not what keeps dynamic's FC1 at ~68 % of
+// the stream rate.
+template <int kOrder>
+__global__ void __launch_bounds__(256, 2) weight_order_kernel(const uint4* w, int64_t items, int ktiles, uint32_t* sink) {
+  const int t = threadIdx.x, j = t >> 5, lane = t & 31;
+  uint32_t x = 0;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const uint4* base = w + item * 8 * ktiles * 32;
+#pragma unroll 8
+    for (int kt = 0; kt < ktiles; ++kt) {
+      const int64_t off = kOrder == 0 ? (static_cast<int64_t>(j) * ktiles + kt) * 32 + lane : static_cast<int64_t>(kt) * 256 + t;
+      const uint4 v = __ldg(base + off);
+      x ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+  }
+  if (x == 0x9E3779B9u) sink[blockIdx.x] = x;  // keeps the loads; never true for the zeroed buffer
+}
+
+TEST(GpuDiagnostics, DISABLED_WeightStreamOrder) {
+  REQUIRE_GPU();
+  int sms = 0;
+  GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  constexpr size_t kBytes = size_t{4} << 30;  // 80× the L2: every pass streams from HBM
+  uint4* w = nullptr;
+  GPU_CHECK(cudaMalloc(&w, kBytes));
+  GPU_CHECK(cudaMemset(w, 0, kBytes));
+  DeviceArray<uint32_t> sink(static_cast<size_t>(sms) * 2);
+  cudaEvent_t e0, e1;
+  GPU_CHECK(cudaEventCreate(&e0));
+  GPU_CHECK(cudaEventCreate(&e1));
+  for (const int ktiles : {12, 32, 112}) {  // FC2 of qwen3-30b-a3b, FC1 of it, FC1 of deepseek-v3
+    const int64_t items = static_cast<int64_t>(kBytes / (size_t{8} * ktiles * 512));
+    float best[2] = {1e30f, 1e30f};
+    for (int rep = 0; rep < 4; ++rep)
+      for (int order = 0; order < 2; ++order) {
+        GPU_CHECK(cudaEventRecord(e0));
+        if (order == 0) weight_order_kernel<0><<<sms * 2, 256>>>(w, items, ktiles, sink.get());
+        else weight_order_kernel<1><<<sms * 2, 256>>>(w, items, ktiles, sink.get());
+        GPU_CHECK(cudaGetLastError());
+        GPU_CHECK(cudaEventRecord(e1));
+        GPU_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        GPU_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (rep > 0) best[order] = std::min(best[order], ms);
+      }
+    const double gb = static_cast<double>(items) * 8 * ktiles * 512 / 1e9;
+    std::printf("[weight stream] ktiles %3d: row tile by row tile (dynamic's stages) %7.1f GB/s, "
+                "address order %7.1f GB/s (%.3f)\n",
+                ktiles, gb / (best[0] * 1e-3), gb / (best[1] * 1e-3), best[1] / best[0]);
+  }
+  GPU_CHECK(cudaEventDestroy(e0));
+  GPU_CHECK(cudaEventDestroy(e1));
+  GPU_CHECK(cudaFree(w));
 }
 
 }  // namespace
