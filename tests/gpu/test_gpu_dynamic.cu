@@ -25,6 +25,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -36,6 +37,7 @@
 #include "gpu/gpu_util.h"
 #include "host/device_weights.h"
 #include "host/launch.h"
+#include "host/launch_dynamic_gemm.cuh"  // register_path_maps
 #include "kernels/common/mbarrier.cuh"
 #include "kernels/common/moe_gemm.cuh"
 #include "kernels/common/wgmma.cuh"
@@ -473,6 +475,30 @@ TEST(GpuDynamicGemm, Bf16PathMatchesCpuGemmOfDequantisedWeights) {
 
 // ---- diagnostics (run with --gtest_also_run_disabled_tests) -------------------------------------
 
+// best[v]: the best time in ms of `reps` calls of launch(v) for each of two variants v = 0, 1,
+// interleaved (a first round warms up and is not counted), from events around each call. (void:
+// GPU_CHECK returns from the function on a failure.)
+template <class Launch>
+void best_of_two_ms(int reps, Launch&& launch, std::array<float, 2>& best) {
+  cudaEvent_t e0, e1;
+  GPU_CHECK(cudaEventCreate(&e0));
+  GPU_CHECK(cudaEventCreate(&e1));
+  best = {1e30f, 1e30f};
+  for (int rep = 0; rep <= reps; ++rep)
+    for (int v = 0; v < 2; ++v) {
+      GPU_CHECK(cudaEventRecord(e0));
+      launch(v);
+      GPU_CHECK(cudaGetLastError());
+      GPU_CHECK(cudaEventRecord(e1));
+      GPU_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      GPU_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      if (rep > 0) best[v] = std::min(best[v], ms);
+    }
+  GPU_CHECK(cudaEventDestroy(e0));
+  GPU_CHECK(cudaEventDestroy(e1));
+}
+
 // The register path's weight stream without the GEMM: does the order in which a stage takes its
 // bytes cost HBM bandwidth? A work item is 8 row tiles × ktiles fragment tiles of 512 B, stored row
 // tile by row tile (device_weights.h), so a stage (one k-tile of all 8) reads 8 pieces of 512 B
@@ -508,32 +534,116 @@ TEST(GpuDiagnostics, DISABLED_WeightStreamOrder) {
   GPU_CHECK(cudaMalloc(&w, kBytes));
   GPU_CHECK(cudaMemset(w, 0, kBytes));
   DeviceArray<uint32_t> sink(static_cast<size_t>(sms) * 2);
-  cudaEvent_t e0, e1;
-  GPU_CHECK(cudaEventCreate(&e0));
-  GPU_CHECK(cudaEventCreate(&e1));
   for (const int ktiles : {12, 32, 112}) {  // FC2 of qwen3-30b-a3b, FC1 of it, FC1 of deepseek-v3
     const int64_t items = static_cast<int64_t>(kBytes / (size_t{8} * ktiles * 512));
-    float best[2] = {1e30f, 1e30f};
-    for (int rep = 0; rep < 4; ++rep)
-      for (int order = 0; order < 2; ++order) {
-        GPU_CHECK(cudaEventRecord(e0));
-        if (order == 0) weight_order_kernel<0><<<sms * 2, 256>>>(w, items, ktiles, sink.get());
-        else weight_order_kernel<1><<<sms * 2, 256>>>(w, items, ktiles, sink.get());
-        GPU_CHECK(cudaGetLastError());
-        GPU_CHECK(cudaEventRecord(e1));
-        GPU_CHECK(cudaEventSynchronize(e1));
-        float ms = 0;
-        GPU_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        if (rep > 0) best[order] = std::min(best[order], ms);
-      }
+    std::array<float, 2> best{};
+    best_of_two_ms(
+        3,
+        [&](int order) {
+          if (order == 0) weight_order_kernel<0><<<sms * 2, 256>>>(w, items, ktiles, sink.get());
+          else weight_order_kernel<1><<<sms * 2, 256>>>(w, items, ktiles, sink.get());
+        },
+        best);
     const double gb = static_cast<double>(items) * 8 * ktiles * 512 / 1e9;
     std::printf("[weight stream] ktiles %3d: row tile by row tile (dynamic's stages) %7.1f GB/s, "
                 "address order %7.1f GB/s (%.3f)\n",
                 ktiles, gb / (best[0] * 1e-3), gb / (best[1] * 1e-3), best[1] / best[0]);
   }
-  GPU_CHECK(cudaEventDestroy(e0));
-  GPU_CHECK(cudaEventDestroy(e1));
   GPU_CHECK(cudaFree(w));
+}
+
+// The register path's weight stream in parts (next-steps, session 24): the real GEMM (f16 variant,
+// 32-row m-tiles, the shape of qwen3-30b-a3b's FC1 at T = 16: experts of 1536 weight rows × 2048 k,
+// 2 routed rows each, 12 n-tiles an m-tile) against its producer and ring alone (ring_only_kernel:
+// dynamic's produce() and consumers that only wait on "full" and release "empty"), at 81 experts
+// (972 items: 3.7 waves of 264 CTAs) and 88 (1056: 4 whole waves). If the ring alone streams near
+// the read ceiling, the consumers hold the GEMM back; if not, the copies' shape does. Times: best of
+// 5 after a warm-up, weights (codes and scales) 150-170 MB against the 50 MB L2.
+template <int BM, bool kF16>
+__global__ void __launch_bounds__(kernels::dynamic::kThreads, kernels::dynamic::kCtasPerSm<BM, kF16>)
+    ring_only_kernel(kernels::MoeGemmParams p, const __grid_constant__ kernels::dynamic::TensorMaps maps, int n_tiles) {
+  namespace dk = kernels::dynamic;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  dk::Smem<BM, kF16>& sm = dk::aligned_smem<dk::Smem<BM, kF16>>(smem_raw);
+  dk::start_cta(sm, p.nvfp4);
+  const kernels::ptx::Watchdog wd{&sm.aborted, nullptr};
+  const int work = *p.num_tiles * n_tiles, ktiles = p.k_pad / dk::BK;
+  constexpr int kRing = dk::Smem<BM, kF16>::kStages;
+  uint32_t it = 0;
+  if (dk::take_role<BM, kF16>()) {
+    dk::produce<false, BM, kF16>(p, &maps, sm, n_tiles, work, wd, it);
+    return;
+  }
+  for (int w = blockIdx.x; w < work; w += gridDim.x)
+    for (int kt = 0; kt < ktiles; ++kt, ++it) {
+      kernels::ptx::mbar_wait(&sm.full[it % kRing], (it / kRing) & 1, wd, dk::kWaitFull, static_cast<int>(it));
+      kernels::ptx::mbar_arrive(&sm.empty[it % kRing]);
+    }
+}
+
+TEST(GpuDiagnostics, DISABLED_RegisterPathStreamParts) {
+  REQUIRE_SM90();
+  namespace dk = kernels::dynamic;
+  constexpr int N = 1536, K = 2048, bs = 16, kRowsPerExpert = 2, BM = 32;
+  for (const int E : {81, 88}) {
+    std::mt19937_64 rng(24);
+    std::vector<int> offset(E + 1, 0), tile_expert, tile_row0;
+    for (int e = 0; e < E; ++e) {
+      offset[e + 1] = offset[e] + kRowsPerExpert;
+      tile_expert.push_back(e), tile_row0.push_back(offset[e]);
+    }
+    const int rows = offset[E], tiles = E;
+    std::vector<uint16_t> a(static_cast<size_t>(rows) * K, 0x3C00);  // f16 1.0
+    std::vector<uint8_t> codes(static_cast<size_t>(E) * N * K / 2), scales(static_cast<size_t>(E) * N * (K / bs));
+    for (auto& c : codes) c = static_cast<uint8_t>(rng());
+    for (auto& x : scales) x = static_cast<uint8_t>(((4 + rng() % 7) << 3) | (rng() % 8));
+    std::vector<uint8_t> fcodes, fscales;
+    gpu::to_fragment_order(codes, scales, E, N, K, bs, fcodes, fscales, /*f16_words=*/true);
+    DeviceArray<uint16_t> d_a(a);
+    DeviceArray<uint8_t> d_fcodes(fcodes), d_fscales(fscales);
+    DeviceArray<int> d_offset(offset), d_tile_expert(tile_expert), d_tile_row0(tile_row0),
+        d_num_tiles(std::vector<int>{tiles});
+    DeviceArray<float> d_ones(std::vector<float>(rows + kernels::kRowWeightPad, 1.0f)), d_alpha(std::vector<float>(E, 1.0f));
+    DeviceArray<float> d_y(static_cast<size_t>(rows) * N);
+    kernels::MoeGemmParams p{};
+    p.a = reinterpret_cast<const __nv_bfloat16*>(d_a.get());
+    p.a_rows = rows;
+    p.w_frag = reinterpret_cast<const uint4*>(d_fcodes.get());
+    p.s_frag = d_fscales.get();
+    p.w_rows = N, p.k_pad = K, p.w_experts = E;
+    p.nvfp4 = true, p.block = bs, p.f16 = true, p.f16_words = true;
+    p.tile_expert = d_tile_expert.get(), p.tile_row0 = d_tile_row0.get(), p.num_tiles = d_num_tiles.get();
+    p.expert_offset = d_offset.get();
+    p.alpha = d_alpha.get();
+    p.hidden = N, p.top_k = 1;
+    p.row_weight = d_ones.get();
+    p.y = d_y.get();
+    gpu::DynamicWorkspace ws(0);
+    ASSERT_TRUE(ws.unsupported.empty()) << ws.unsupported;
+    const int n_tiles = gpu::dynamic_n_tiles(p, /*fc1=*/false);
+    const int work = tiles * n_tiles, grid = std::min(ws.sms * dk::kCtasPerSm<BM, true>, work);
+    const dk::TensorMaps maps = gpu::register_path_maps(p, BM, /*fc1=*/false);
+    constexpr size_t kSmem = dk::smem_bytes<BM, true>;
+    GPU_CHECK(cudaFuncSetAttribute(ring_only_kernel<BM, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(kSmem)));
+    // Its register hand-over (take_role) needs the launch's registers, as the GEMM's (register_path_opt_in).
+    cudaFuncAttributes attr{};
+    GPU_CHECK(cudaFuncGetAttributes(&attr, ring_only_kernel<BM, true>));
+    ASSERT_EQ(attr.numRegs, (dk::kLaunchRegs<BM, true>)) << "ring_only_kernel's setmaxnreg would wait forever";
+    std::array<float, 2> best{};
+    best_of_two_ms(
+        5,
+        [&](int part) {
+          if (part == 0) gpu::launch_dynamic_gemm(ws, p, /*fc1=*/false, tiles, BM, nullptr, nullptr);
+          else ring_only_kernel<BM, true><<<grid, dk::kThreads, kSmem>>>(p, maps, n_tiles);
+        },
+        best);
+    const double bytes = static_cast<double>(E) * N * K * 9 / 16;  // codes and E4M3 scales
+    std::printf("[stream parts] %d experts, %d items over %d CTAs (%.2f waves), %.0f MB: GEMM %.1f us (%.2f TB/s), "
+                "producer and ring alone %.1f us (%.2f TB/s)\n",
+                E, work, grid, static_cast<double>(work) / grid, bytes / 1e6, best[0] * 1e3, bytes / (best[0] * 1e6),
+                best[1] * 1e3, bytes / (best[1] * 1e6));
+  }
 }
 
 }  // namespace
