@@ -82,5 +82,4 @@ inline PaddedDims padded_dims(const MoeConfig& c) {
   return {h_pad, i_pad, c.gated() ? 2 * i_pad : i_pad};
 }
 
-
 }  // namespace fp4moe::gpu

@@ -1,7 +1,6 @@
 // The GPU runner: owns the workspaces, chooses the backend per call, launches.
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <memory>
 
 #include "fp4moe/errors.h"

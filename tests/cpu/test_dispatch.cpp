@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "host/device_weights.h"
 #include "host/launch.h"
 #include "testing/problem.h"
 
@@ -29,51 +28,36 @@ MoeConfig shape_config(const std::string& name, ActMode mode) {
   return c;
 }
 
-struct SweepPoint {
+// One named shape and mode of the sweep: the T at which direct_micro was the faster backend, and
+// the T at which dynamic was.
+struct SweepRow {
   const char* model;
   ActMode mode;
-  int64_t tokens;
-  bool direct_micro_faster;
+  std::vector<int64_t> direct_micro_faster, dynamic_faster;
 };
 
 TEST(Dispatch, DirectMicroLineFollowsTheSweep) {
-  // The faster backend at each point of session 24's sweep (true: direct_micro), a4 then a16, save
-  // the ten points the rule gives up (gpu_runner.cpp names them).
-  const std::vector<SweepPoint> sweep = {
-      {"qwen3-30b-a3b", ActMode::kA4, 1, true}, {"qwen3-30b-a3b", ActMode::kA4, 2, false}, {"qwen3-30b-a3b", ActMode::kA4, 4, false},
-      {"qwen3-30b-a3b", ActMode::kA4, 6, false}, {"qwen3-30b-a3b", ActMode::kA4, 8, false}, {"qwen3-30b-a3b", ActMode::kA4, 16, false},
-      {"qwen3-30b-a3b", ActMode::kA4, 32, false}, {"qwen3-30b-a3b", ActMode::kA4, 64, false}, {"qwen3-235b-a22b", ActMode::kA4, 4, false},
-      {"qwen3-235b-a22b", ActMode::kA4, 6, false}, {"qwen3-235b-a22b", ActMode::kA4, 8, false}, {"qwen3-235b-a22b", ActMode::kA4, 16, false},
-      {"qwen3-235b-a22b", ActMode::kA4, 32, false}, {"qwen3-235b-a22b", ActMode::kA4, 64, false}, {"deepseek-v3", ActMode::kA4, 1, true},
-      {"deepseek-v3", ActMode::kA4, 2, false}, {"deepseek-v3", ActMode::kA4, 6, false}, {"deepseek-v3", ActMode::kA4, 8, false},
-      {"deepseek-v3", ActMode::kA4, 16, false}, {"deepseek-v3", ActMode::kA4, 32, false}, {"deepseek-v3", ActMode::kA4, 64, false},
-      {"gpt-oss-120b", ActMode::kA4, 1, true}, {"gpt-oss-120b", ActMode::kA4, 2, true}, {"gpt-oss-120b", ActMode::kA4, 4, false},
-      {"gpt-oss-120b", ActMode::kA4, 6, false}, {"gpt-oss-120b", ActMode::kA4, 8, false}, {"gpt-oss-120b", ActMode::kA4, 16, false},
-      {"gpt-oss-120b", ActMode::kA4, 32, false}, {"gpt-oss-120b", ActMode::kA4, 64, false}, {"llama4-scout", ActMode::kA4, 1, true},
-      {"llama4-scout", ActMode::kA4, 2, true}, {"llama4-scout", ActMode::kA4, 4, true}, {"llama4-scout", ActMode::kA4, 8, true},
-      {"llama4-scout", ActMode::kA4, 16, false}, {"llama4-scout", ActMode::kA4, 32, false}, {"llama4-scout", ActMode::kA4, 64, false},
-      {"mixtral-8x7b", ActMode::kA4, 1, true}, {"mixtral-8x7b", ActMode::kA4, 2, true}, {"mixtral-8x7b", ActMode::kA4, 4, true},
-      {"mixtral-8x7b", ActMode::kA4, 6, false}, {"mixtral-8x7b", ActMode::kA4, 8, false}, {"mixtral-8x7b", ActMode::kA4, 16, false},
-      {"mixtral-8x7b", ActMode::kA4, 32, false}, {"mixtral-8x7b", ActMode::kA4, 64, false}, {"qwen3-30b-a3b", ActMode::kA16, 2, false},
-      {"qwen3-30b-a3b", ActMode::kA16, 4, false}, {"qwen3-30b-a3b", ActMode::kA16, 6, false}, {"qwen3-30b-a3b", ActMode::kA16, 8, false},
-      {"qwen3-30b-a3b", ActMode::kA16, 16, false}, {"qwen3-30b-a3b", ActMode::kA16, 32, false}, {"qwen3-30b-a3b", ActMode::kA16, 64, false},
-      {"qwen3-235b-a22b", ActMode::kA16, 4, false}, {"qwen3-235b-a22b", ActMode::kA16, 6, false}, {"qwen3-235b-a22b", ActMode::kA16, 8, false},
-      {"qwen3-235b-a22b", ActMode::kA16, 16, false}, {"qwen3-235b-a22b", ActMode::kA16, 32, false}, {"qwen3-235b-a22b", ActMode::kA16, 64, false},
-      {"deepseek-v3", ActMode::kA16, 2, false}, {"deepseek-v3", ActMode::kA16, 4, false}, {"deepseek-v3", ActMode::kA16, 6, false},
-      {"deepseek-v3", ActMode::kA16, 8, false}, {"deepseek-v3", ActMode::kA16, 16, false}, {"deepseek-v3", ActMode::kA16, 32, false},
-      {"deepseek-v3", ActMode::kA16, 64, false}, {"gpt-oss-120b", ActMode::kA16, 1, true}, {"gpt-oss-120b", ActMode::kA16, 2, true},
-      {"gpt-oss-120b", ActMode::kA16, 4, false}, {"gpt-oss-120b", ActMode::kA16, 6, false}, {"gpt-oss-120b", ActMode::kA16, 8, false},
-      {"gpt-oss-120b", ActMode::kA16, 16, false}, {"gpt-oss-120b", ActMode::kA16, 32, false}, {"gpt-oss-120b", ActMode::kA16, 64, false},
-      {"llama4-scout", ActMode::kA16, 1, true}, {"llama4-scout", ActMode::kA16, 2, true}, {"llama4-scout", ActMode::kA16, 8, true},
-      {"llama4-scout", ActMode::kA16, 16, false}, {"llama4-scout", ActMode::kA16, 32, false}, {"llama4-scout", ActMode::kA16, 64, false},
-      {"mixtral-8x7b", ActMode::kA16, 1, true}, {"mixtral-8x7b", ActMode::kA16, 2, true}, {"mixtral-8x7b", ActMode::kA16, 4, true},
-      {"mixtral-8x7b", ActMode::kA16, 6, false}, {"mixtral-8x7b", ActMode::kA16, 8, false}, {"mixtral-8x7b", ActMode::kA16, 16, false},
-      {"mixtral-8x7b", ActMode::kA16, 32, false}, {"mixtral-8x7b", ActMode::kA16, 64, false},
+  // Session 24's sweep, a4 then a16, save the ten points the rule gives up (gpu_runner.cpp names them).
+  const std::vector<SweepRow> sweep = {
+      {"qwen3-30b-a3b", ActMode::kA4, {1}, {2, 4, 6, 8, 16, 32, 64}},
+      {"qwen3-235b-a22b", ActMode::kA4, {}, {4, 6, 8, 16, 32, 64}},
+      {"deepseek-v3", ActMode::kA4, {1}, {2, 6, 8, 16, 32, 64}},
+      {"gpt-oss-120b", ActMode::kA4, {1, 2}, {4, 6, 8, 16, 32, 64}},
+      {"llama4-scout", ActMode::kA4, {1, 2, 4, 8}, {16, 32, 64}},
+      {"mixtral-8x7b", ActMode::kA4, {1, 2, 4}, {6, 8, 16, 32, 64}},
+      {"qwen3-30b-a3b", ActMode::kA16, {}, {2, 4, 6, 8, 16, 32, 64}},
+      {"qwen3-235b-a22b", ActMode::kA16, {}, {4, 6, 8, 16, 32, 64}},
+      {"deepseek-v3", ActMode::kA16, {}, {2, 4, 6, 8, 16, 32, 64}},
+      {"gpt-oss-120b", ActMode::kA16, {1, 2}, {4, 6, 8, 16, 32, 64}},
+      {"llama4-scout", ActMode::kA16, {1, 2, 8}, {16, 32, 64}},
+      {"mixtral-8x7b", ActMode::kA16, {1, 2, 4}, {6, 8, 16, 32, 64}},
   };
-  for (const SweepPoint& p : sweep) {
-    const MoeConfig c = shape_config(p.model, p.mode);
-    EXPECT_EQ(gpu::direct_micro_preferred(c, p.tokens * c.top_k, /*dynamic_runs=*/true), p.direct_micro_faster)
-        << p.model << (p.mode == ActMode::kA4 ? " a4" : " a16") << " T=" << p.tokens;
+  for (const SweepRow& row : sweep) {
+    const MoeConfig c = shape_config(row.model, row.mode);
+    for (const bool dm : {true, false})
+      for (const int64_t T : dm ? row.direct_micro_faster : row.dynamic_faster)
+        EXPECT_EQ(gpu::direct_micro_preferred(c, T * c.top_k, /*dynamic_runs=*/true), dm)
+            << row.model << (row.mode == ActMode::kA4 ? " a4" : " a16") << " T=" << T;
   }
 }
 

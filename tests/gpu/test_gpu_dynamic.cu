@@ -232,6 +232,64 @@ std::string describe(const GemmCase& g) {
   return s.str();
 }
 
+// A GemmCase's routing schedule, as the pre-pass builds it with tile_m = bm: row offsets, m-tile
+// offsets and the m-tile list, and each row's expert.
+struct GemmSchedule {
+  std::vector<int> offset, tile_offset, tile_expert, tile_row0, row_expert;
+  int rows = 0, tiles = 0;
+};
+GemmSchedule gemm_schedule(const std::vector<int>& rows_per_expert, int bm) {
+  const int E = static_cast<int>(rows_per_expert.size());
+  GemmSchedule s;
+  s.offset.assign(E + 1, 0), s.tile_offset.assign(E + 1, 0);
+  for (int e = 0; e < E; ++e) {
+    s.offset[e + 1] = s.offset[e] + rows_per_expert[e];
+    s.tile_offset[e + 1] = s.tile_offset[e] + (rows_per_expert[e] + bm - 1) / bm;
+    for (int r = s.offset[e]; r < s.offset[e + 1]; r += bm) s.tile_expert.push_back(e), s.tile_row0.push_back(r);
+    for (int r = s.offset[e]; r < s.offset[e + 1]; ++r) s.row_expert.push_back(e);
+  }
+  s.rows = s.offset[E], s.tiles = static_cast<int>(s.tile_expert.size());
+  return s;
+}
+
+// A GemmCase's operands on the device (activations, weights in fragment order, the schedule, router
+// weights and alphas of 1) and Y, poisoned, with the MoeGemmParams of an FC2-like GEMM over them
+// (no bias, Y = A · Wᵀ). The router weights are padded as the workspace's (a tile reads up to
+// kRowWeightPad rows past the last).
+struct GemmDeviceCase {
+  DeviceArray<uint16_t> a;
+  DeviceArray<uint8_t> fcodes, fscales;
+  DeviceArray<int> offset, tile_offset, tile_expert, tile_row0, num_tiles;
+  DeviceArray<float> ones, alpha, y;
+  kernels::MoeGemmParams p{};
+  GemmDeviceCase(const GemmCase& g, const GemmSchedule& s, const std::vector<uint16_t>& a_host,
+                 const std::vector<uint8_t>& fcodes_host, const std::vector<uint8_t>& fscales_host, bool f16)
+      : a(a_host), fcodes(fcodes_host), fscales(fscales_host), offset(s.offset), tile_offset(s.tile_offset),
+        tile_expert(s.tile_expert), tile_row0(s.tile_row0), num_tiles(std::vector<int>{s.tiles}),
+        ones(std::vector<float>(s.rows + kernels::kRowWeightPad, 1.0f)),
+        alpha(std::vector<float>(g.rows_per_expert.size(), 1.0f)), y(static_cast<size_t>(s.rows) * g.n) {
+    const uint32_t poison = testkit::kPoisonF32;
+    y.fill_bytes(&poison, 4);
+    p.a = reinterpret_cast<const __nv_bfloat16*>(a.get());
+    p.a_rows = s.rows;
+    p.w_frag = reinterpret_cast<const uint4*>(fcodes.get());
+    p.s_frag = fscales.get();
+    p.w_rows = g.n, p.k_pad = g.k;
+    p.w_experts = static_cast<int>(g.rows_per_expert.size());  // the register path's weight tensor maps span them
+    p.nvfp4 = g.nvfp4, p.block = g.nvfp4 ? 16 : 32;
+    p.f16 = f16;
+    p.f16_words = f16;  // the f16 kernels read f16 words (upload_weights stores them so for NVFP4-a4)
+    p.tile_expert = tile_expert.get(), p.tile_row0 = tile_row0.get(), p.num_tiles = num_tiles.get();
+    p.expert_offset = offset.get();
+    p.expert_tile_offset = tile_offset.get();
+    p.alpha = alpha.get();
+    p.bias = nullptr;
+    p.hidden = g.n, p.top_k = 1;
+    p.row_weight = ones.get();
+    p.y = y.get();
+  }
+};
+
 // bf16_group > 0: the bf16 path (dynamic_bf16.cuh), experts dequantised and multiplied bf16_group
 // at a time through one copy buffer, the way launch_dynamic_bf16_groups runs them; its m-tiles are
 // dynamic_bf16::BM (256) routed rows; otherwise the register path's, with m-tiles of tile_m (32, 64
@@ -243,14 +301,10 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int til
   const int BM = bf16_group > 0 ? kernels::dynamic_bf16::BM : tile_m;
   std::mt19937_64 rng(seed);
   // Routing schedule as the pre-pass builds it with tile_m = BM.
-  std::vector<int> offset(E + 1, 0), tile_offset(E + 1, 0), tile_expert, tile_row0, row_expert;
-  for (int e = 0; e < E; ++e) {
-    offset[e + 1] = offset[e] + g.rows_per_expert[e];
-    tile_offset[e + 1] = tile_offset[e] + (g.rows_per_expert[e] + BM - 1) / BM;
-    for (int r = offset[e]; r < offset[e + 1]; r += BM) tile_expert.push_back(e), tile_row0.push_back(r);
-    for (int r = offset[e]; r < offset[e + 1]; ++r) row_expert.push_back(e);
-  }
-  const int rows = offset[E], tiles = static_cast<int>(tile_expert.size());
+  const GemmSchedule sch = gemm_schedule(g.rows_per_expert, BM);
+  const std::vector<int>& offset = sch.offset;
+  const std::vector<int>& row_expert = sch.row_expert;
+  const int rows = sch.rows, tiles = sch.tiles;
   ASSERT_GT(rows, 0);
   // Activations: bf16 normals. Weights: random E2M1 codes; block scales from a range that keeps
   // every product and sum far from overflow (E4M3 2^-3 .. 2^3; UE8M0 2^-3 .. 2^3).
@@ -278,41 +332,15 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int til
                          (g.nvfp4 ? double(fmt::e4m3_decode(s)) : double(fmt::ue8m0_decode(s)));
     }
 
-  DeviceArray<uint16_t> d_a(a);
   std::vector<uint8_t> fcodes, fscales;  // the mma-fragment order the kernel streams
   gpu::to_fragment_order(codes, scales, E, N, K, bs, fcodes, fscales, /*f16_words=*/f16);
-  DeviceArray<uint8_t> d_fcodes(fcodes), d_fscales(fscales);
-  DeviceArray<int> d_offset(offset), d_tile_expert(tile_expert), d_tile_row0(tile_row0), d_num_tiles(std::vector<int>{tiles});
-  // Router weights of 1, padded as the workspace's (a tile reads up to kRowWeightPad rows past the last).
-  DeviceArray<float> d_ones(std::vector<float>(rows + kernels::kRowWeightPad, 1.0f)), d_alpha(std::vector<float>(E, 1.0f));
-  DeviceArray<float> d_y(static_cast<size_t>(rows) * N);
+  GemmDeviceCase dc(g, sch, a, fcodes, fscales, f16);
+  kernels::MoeGemmParams& p = dc.p;
   DeviceArray<int> d_watchdog(std::vector<int>(kernels::ptx::kWatchdogReportInts, 0));
-  const uint32_t poison = testkit::kPoisonF32;
-  d_y.fill_bytes(&poison, 4);
-
-  kernels::MoeGemmParams p{};
-  p.a = reinterpret_cast<const __nv_bfloat16*>(d_a.get());
-  p.a_rows = rows;
-  p.w_frag = reinterpret_cast<const uint4*>(d_fcodes.get());
-  p.s_frag = d_fscales.get();
-  p.w_rows = N, p.k_pad = K;
-  p.w_experts = E;  // the register path's weight tensor maps span them
-  p.nvfp4 = g.nvfp4, p.block = bs;
-  p.f16 = f16;
-  p.f16_words = f16;  // the f16 kernels read f16 words (upload_weights stores them so for NVFP4-a4)
-  p.tile_expert = d_tile_expert.get(), p.tile_row0 = d_tile_row0.get(), p.num_tiles = d_num_tiles.get();
-  p.expert_offset = d_offset.get();
-  p.alpha = d_alpha.get();
-  p.bias = nullptr;
-  p.hidden = N, p.top_k = 1;
-  p.row_weight = d_ones.get();
-  p.y = d_y.get();
 
   gpu::DynamicWorkspace ws(0);
   ASSERT_TRUE(ws.unsupported.empty()) << ws.unsupported;
   ws.sms = std::min(ws.sms, 7);  // fewer CTAs than work items: each CTA loops over several tiles
-  DeviceArray<int> d_tile_offset(tile_offset);
-  p.expert_tile_offset = d_tile_offset.get();
   const int64_t slot_elems = kernels::dynamic_bf16::tiles_per_slot((N + 127) / 128, K) * kernels::dynamic_bf16::kWTileElems;
   DeviceArray<uint16_t> d_bf16(bf16_group > 0 ? bf16_group * slot_elems : 0);
   if (bf16_group == 0) {
@@ -332,7 +360,7 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int til
   ASSERT_EQ(wd[0], 0) << describe(g) << ": pipeline watchdog fired: block " << wd[1] << " thread " << wd[2]
                       << " step " << wd[3] << " waiting on " << (wd[4] == kernels::dynamic::kWaitEmpty ? "empty" : "full")
                       << " parity " << wd[5];
-  const auto y = d_y.download();
+  const auto y = dc.y.download();
 
   int64_t bad = 0, unwritten = 0;
   double worst = 0;
@@ -587,37 +615,17 @@ TEST(GpuDiagnostics, DISABLED_RegisterPathStreamParts) {
   constexpr int N = 1536, K = 2048, bs = 16, kRowsPerExpert = 2, BM = 32;
   for (const int E : {81, 88}) {
     std::mt19937_64 rng(24);
-    std::vector<int> offset(E + 1, 0), tile_expert, tile_row0;
-    for (int e = 0; e < E; ++e) {
-      offset[e + 1] = offset[e] + kRowsPerExpert;
-      tile_expert.push_back(e), tile_row0.push_back(offset[e]);
-    }
-    const int rows = offset[E], tiles = E;
-    std::vector<uint16_t> a(static_cast<size_t>(rows) * K, 0x3C00);  // f16 1.0
+    const GemmCase g{true, std::vector<int>(E, kRowsPerExpert), N, K};
+    const GemmSchedule sch = gemm_schedule(g.rows_per_expert, BM);
+    const int tiles = sch.tiles;
+    std::vector<uint16_t> a(static_cast<size_t>(sch.rows) * K, 0x3C00);  // f16 1.0
     std::vector<uint8_t> codes(static_cast<size_t>(E) * N * K / 2), scales(static_cast<size_t>(E) * N * (K / bs));
     for (auto& c : codes) c = static_cast<uint8_t>(rng());
     for (auto& x : scales) x = static_cast<uint8_t>(((4 + rng() % 7) << 3) | (rng() % 8));
     std::vector<uint8_t> fcodes, fscales;
     gpu::to_fragment_order(codes, scales, E, N, K, bs, fcodes, fscales, /*f16_words=*/true);
-    DeviceArray<uint16_t> d_a(a);
-    DeviceArray<uint8_t> d_fcodes(fcodes), d_fscales(fscales);
-    DeviceArray<int> d_offset(offset), d_tile_expert(tile_expert), d_tile_row0(tile_row0),
-        d_num_tiles(std::vector<int>{tiles});
-    DeviceArray<float> d_ones(std::vector<float>(rows + kernels::kRowWeightPad, 1.0f)), d_alpha(std::vector<float>(E, 1.0f));
-    DeviceArray<float> d_y(static_cast<size_t>(rows) * N);
-    kernels::MoeGemmParams p{};
-    p.a = reinterpret_cast<const __nv_bfloat16*>(d_a.get());
-    p.a_rows = rows;
-    p.w_frag = reinterpret_cast<const uint4*>(d_fcodes.get());
-    p.s_frag = d_fscales.get();
-    p.w_rows = N, p.k_pad = K, p.w_experts = E;
-    p.nvfp4 = true, p.block = bs, p.f16 = true, p.f16_words = true;
-    p.tile_expert = d_tile_expert.get(), p.tile_row0 = d_tile_row0.get(), p.num_tiles = d_num_tiles.get();
-    p.expert_offset = d_offset.get();
-    p.alpha = d_alpha.get();
-    p.hidden = N, p.top_k = 1;
-    p.row_weight = d_ones.get();
-    p.y = d_y.get();
+    GemmDeviceCase dc(g, sch, a, fcodes, fscales, /*f16=*/true);
+    const kernels::MoeGemmParams& p = dc.p;
     gpu::DynamicWorkspace ws(0);
     ASSERT_TRUE(ws.unsupported.empty()) << ws.unsupported;
     const int n_tiles = gpu::dynamic_n_tiles(p, /*fc1=*/false);
