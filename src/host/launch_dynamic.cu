@@ -101,12 +101,12 @@ void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace
   const int64_t tiles = max_tiles(a.tokens * c.top_k, c.local_count(), tile_m);
   // NVFP4-a4 on the register path: A1 and A2 in f16 and the f16 kernels (dynamic.cuh, kF16).
   const bool f16 = !bf16 && f16_operands(c);
-  // route → gather → FC1 → FC2 → combine: each launch after the routing is a programmatic dependent
-  // of the one before (DependentLaunch): it starts as the one before has started all its CTAs, sets
-  // up, and waits for it to complete (ptx::wait_prior_grids) before reading its output. The routing is
-  // an ordinary launch, so a call still begins after everything before it in the stream.
-  launch_route(c, gws, a, tile_m);
-  launch_gather_quantize(c, w, gws, a, f16, /*dependent=*/true);
+  // route → gather → FC1 → FC2 → combine (the first two one launch at decode sizes,
+  // launch_route_gather): each launch after the routing is a programmatic dependent of the one
+  // before (DependentLaunch): it starts as the one before has started all its CTAs, sets up, and
+  // waits for it to complete (ptx::wait_prior_grids) before reading its output. The routing is an
+  // ordinary launch, so a call still begins after everything before it in the stream.
+  launch_route_gather(c, w, gws, a, tile_m, f16);
   if (bf16) {
     launch_dynamic_bf16_groups(c, w, gws, ws, a, tiles);
   } else {

@@ -92,6 +92,44 @@ void launch_small(void (*kernel)(Params), dim3 grid, dim3 block, cudaStream_t st
   FP4MOE_CUDA_CHECK(cudaLaunchKernelEx(&l.config, kernel, p));
 }
 
+void launch_route_gather_kernels(const kernels::RoutingParams& rp, const kernels::generic::GatherParams& gp, bool fused,
+                                 cudaStream_t stream) {
+  const int64_t warps = static_cast<int64_t>(gp.tokens) * gk::gather_chunks(gp.h_pad, gp.q1);
+  if (!fused) {
+    FP4MOE_REQUIRE(rp.routes <= kernels::kRouteChunk, InvalidArgument, "routes", "the one-CTA routing takes at most ",
+                   kernels::kRouteChunk, " routes, got ", rp.routes);
+    kernels::route_kernel<<<1, kernels::kRouteThreads, 0, stream>>>(rp);
+    FP4MOE_CHECK_LAUNCH("route_kernel");
+    launch_small(gk::gather_quantize_kernel,
+                 dim3(static_cast<unsigned>((warps + gk::kGatherWarps - 1) / gk::kGatherWarps)),
+                 dim3(gk::kGatherWarps * 32), stream, /*dependent=*/true, gp);
+    return;
+  }
+  FP4MOE_REQUIRE(kernels::route_gather_fits(rp.routes, rp.experts), InvalidArgument, "routes",
+                 "the fused routing + gather holds at most ", kernels::kRouteThreads, " routes and ",
+                 kernels::kRouteGatherPrefixBytes, " bytes of per-warp counts, got ", rp.routes, " routes over ",
+                 rp.experts, " experts");
+  const unsigned grid = static_cast<unsigned>(
+      std::max<int64_t>(1, (warps + kernels::kRouteGatherWarps - 1) / kernels::kRouteGatherWarps));
+  const size_t smem = kernels::route_gather_prefix_bytes(rp.routes, rp.experts);
+  if (kernels::quant_block(gp.q1) == 16)
+    kernels::route_gather_kernel<16><<<grid, kernels::kRouteGatherThreads, smem, stream>>>(rp, gp);
+  else
+    kernels::route_gather_kernel<32><<<grid, kernels::kRouteGatherThreads, smem, stream>>>(rp, gp);
+  FP4MOE_CHECK_LAUNCH("route_gather_kernel");
+}
+
+void launch_route_gather(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a, int tile_m,
+                         bool a1_f16) {
+  const kernels::RoutingParams rp = routing_params(c, ws, a, tile_m);
+  if (!kernels::route_gather_fits(rp.routes, rp.experts)) {
+    launch_route(c, ws, a, tile_m);
+    launch_gather_quantize(c, w, ws, a, a1_f16, /*dependent=*/true);
+    return;
+  }
+  launch_route_gather_kernels(rp, gather_params(c, w, ws, a, a1_f16), /*fused=*/true, a.stream);
+}
+
 kernels::generic::GatherParams gather_params(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws,
                                              const RunArgs& a, bool a1_f16) {
   FP4MOE_REQUIRE(!a1_f16 || f16_operands(c), InvalidArgument, "a1_f16",
@@ -166,8 +204,7 @@ kernels::MoeGemmParams moe_gemm_params(const MoeConfig& c, const DeviceWeights& 
 void launch_generic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a) {
   const int64_t tiles = max_tiles(a.tokens * c.top_k, c.local_count());
   cudaStream_t s = a.stream;
-  launch_route(c, ws, a, gk::BM);
-  launch_gather_quantize(c, w, ws, a);
+  launch_route_gather(c, w, ws, a, gk::BM, /*a1_f16=*/false);
 
   const kernels::MoeGemmParams g1 = moe_gemm_params(c, w, ws, a, true);
   const int n1_tiles = c.gated() ? w.i_pad / (gk::BN / 2) : w.i_pad / gk::BN;

@@ -35,26 +35,35 @@ static_assert(kMaxTopK <= 32, "gather_block holds one routing slot per lane");
 // Warps per token: 32 blocks each.
 __host__ __device__ inline int gather_chunks(int h_pad, QuantKind q) { return (h_pad / quant_block(q) + 31) / 32; }
 
-// The token's routes are loaded once per warp, lane j holding slot j's row and its expert's scale
-// (K ≤ 32), and broadcast by shuffles: loading them per slot made three dependent global loads
-// (route_row, row_expert, q1_scale) per route, 24 round trips per warp at K = 8.
+// A lane's block of x[t] as it is read: kBlock bf16 values, zeros past the hidden size (padding
+// columns, which quantise to zeros in every format) and for inactive lanes.
 template <int kBlock>
-__device__ __forceinline__ void gather_block(const GatherParams& p, int t, int b, bool active, int lane) {
-  const int slot_row = lane < p.top_k ? p.route_row[static_cast<int64_t>(t) * p.top_k + lane] : -1;
-  const float slot_g = slot_row >= 0 ? p.q1_scale[p.row_expert[slot_row]] : 0.0f;
+struct XBlock {
+  uint4 raw[kBlock / 8];
+};
+template <int kBlock>
+__device__ __forceinline__ XBlock<kBlock> load_x_block(const GatherParams& p, int t, int b, bool active) {
+  XBlock<kBlock> x;
+  const bool in = active && b * kBlock < p.hidden;
+  const __nv_bfloat16* xb = p.x + static_cast<int64_t>(in ? t : 0) * p.hidden + (in ? b : 0) * kBlock;
+#pragma unroll
+  for (int i = 0; i < kBlock / 8; ++i) x.raw[i] = in ? *reinterpret_cast<const uint4*>(xb + 8 * i) : make_uint4(0, 0, 0, 0);
+  return x;
+}
+
+// The lane's block quantised for each of the token's K routes (slot order; unrouted slots, row −1,
+// skipped) with the route's expert's scale and stored to A1[row]; lane j holds slot j's row and
+// scale (slot_row, slot_g), broadcast by shuffles. The quantisation is redone only when the scale
+// differs from the previous route's (bit for bit). Every lane of the warp calls it (shuffles).
+template <int kBlock>
+__device__ __forceinline__ void quantize_routes(const GatherParams& p, const XBlock<kBlock>& x, int b, bool active,
+                                                int slot_row, float slot_g) {
   float v[kBlock];
-  if (active && b * kBlock < p.hidden) {
-    const __nv_bfloat16* xb = p.x + static_cast<int64_t>(t) * p.hidden + b * kBlock;
 #pragma unroll
-    for (int i = 0; i < kBlock; i += 8) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(xb + i);
-      const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
+  for (int i = 0; i < kBlock / 8; ++i) {
+    const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&x.raw[i]);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[i + j] = __bfloat162float(h[j]);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kBlock; ++i) v[i] = 0.0f;  // padding columns: quantise to zeros in every format
+    for (int j = 0; j < 8; ++j) v[8 * i + j] = __bfloat162float(h[j]);
   }
   __nv_bfloat16 q[kBlock];
   uint32_t done_scale = 0;
@@ -72,6 +81,16 @@ __device__ __forceinline__ void gather_block(const GatherParams& p, int t, int b
 #pragma unroll
     for (int i = 0; i < kBlock; i += 8) store_act<8>(dst + i, q + i, p.a1_f16);
   }
+}
+
+// The token's routes are loaded once per warp, lane j holding slot j's row and its expert's scale
+// (K ≤ 32), and broadcast by shuffles: loading them per slot made three dependent global loads
+// (route_row, row_expert, q1_scale) per route, 24 round trips per warp at K = 8.
+template <int kBlock>
+__device__ __forceinline__ void gather_block(const GatherParams& p, int t, int b, bool active, int lane) {
+  const int slot_row = lane < p.top_k ? p.route_row[static_cast<int64_t>(t) * p.top_k + lane] : -1;
+  const float slot_g = slot_row >= 0 ? p.q1_scale[p.row_expert[slot_row]] : 0.0f;
+  quantize_routes<kBlock>(p, load_x_block<kBlock>(p, t, b, active), b, active, slot_row, slot_g);
 }
 
 // Work unit `warp` of tokens · gather_chunks: token warp / chunks, its 32 blocks of chunk warp % chunks.

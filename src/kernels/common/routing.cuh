@@ -72,15 +72,18 @@ __device__ __forceinline__ void record_route(const RoutingParams& p, int64_t r, 
 // (0 past the experts; Scan a cub::BlockScan over the CTA's threads, which must cover the experts):
 // the exclusive scans give each expert its first row and first m-tile, written with the tile list
 // and the totals; row0[i] is expert kItems·tid + i's first row. Shared by the one-CTA routing, the
-// many-CTA scan (kItems = 1, kRouteThreads threads) and the static backend's in-kernel routing
-// (static_moe.cuh: 384 threads, up to 3 experts each).
+// many-CTA scan (kItems = 1, kRouteThreads threads), the fused routing + gather (route.cuh: only
+// its CTA 0 writes, `write` false elsewhere, the same in every thread of a CTA) and the static
+// backend's in-kernel routing (static_moe.cuh: 384 threads, up to 3 experts each).
 template <class Scan, int kItems>
 __device__ __forceinline__ void scan_counts_and_list_tiles(const RoutingParams& p, typename Scan::TempStorage& storage,
-                                                           int (&count)[kItems], int (&row0)[kItems]) {
+                                                           int (&count)[kItems], int (&row0)[kItems],
+                                                           bool write = true) {
   int tiles[kItems], tile0[kItems], total_rows, total_tiles;
 #pragma unroll
   for (int i = 0; i < kItems; ++i) tiles[i] = (count[i] + p.tile_m - 1) / p.tile_m;
   Scan(storage).ExclusiveSum(count, row0, total_rows);
+  if (!write) return;
   __syncthreads();
   Scan(storage).ExclusiveSum(tiles, tile0, total_tiles);
 #pragma unroll
@@ -163,5 +166,22 @@ __device__ __forceinline__ void route_one_cta(const RoutingParams& p, int* count
 inline constexpr int kRouteChunk = 2048;
 inline constexpr int kRouteChunkThreads = 512;
 inline constexpr int kRouteMaxExperts = kRouteThreads;  // local experts: one scan thread each
+
+// The fused routing + gather at decode sizes (route.cuh, route_gather_kernel): its limits.
+// kRouteGatherThreads threads, each two routes and two experts' counts (kRouteThreads of each in
+// all): 512 threads leave the gather's quantisation 128 registers (1024 spilled MX's 32-value
+// blocks at 64). The static arrays take ~14 KB of the 48 KB a CTA has without an opt-in.
+inline constexpr int kRouteGatherThreads = 512;
+inline constexpr int kRouteGatherWarps = kRouteGatherThreads / 32;
+inline constexpr int kRouteGatherPrefixBytes = 32 * 1024;
+
+__host__ __device__ inline int route_gather_prefix_bytes(int64_t routes, int experts) {
+  return static_cast<int>((routes + 31) / 32) * ((experts + 1) / 2) * 4;  // uint16 [warps][experts], whole words
+}
+// Whether a call's routing fits one route a thread, one expert a scan thread and the prefix table.
+__host__ __device__ inline bool route_gather_fits(int64_t routes, int experts) {
+  return routes <= kRouteThreads && experts <= kRouteMaxExperts &&
+         route_gather_prefix_bytes(routes, experts) <= kRouteGatherPrefixBytes;
+}
 
 }  // namespace fp4moe::kernels
