@@ -580,6 +580,26 @@ TEST(GpuDiagnostics, DISABLED_WeightStreamOrder) {
   GPU_CHECK(cudaFree(w));
 }
 
+// The stream diagnostics' GEMM: qwen3-30b-a3b FC1's shape at T = 16 (E experts of kStreamN weight
+// rows × kStreamK, 2 routed rows each, 32-row m-tiles), random NVFP4 codes and scales as f16 words,
+// activations f16 1.0; tiles: its m-tiles.
+constexpr int kStreamN = 1536, kStreamK = 2048;
+GemmDeviceCase stream_case(int E, uint64_t seed, int& tiles) {
+  constexpr int bs = 16;
+  std::mt19937_64 rng(seed);
+  const GemmCase g{true, std::vector<int>(E, 2), kStreamN, kStreamK};
+  const GemmSchedule sch = gemm_schedule(g.rows_per_expert, 32);
+  tiles = sch.tiles;
+  std::vector<uint16_t> a(static_cast<size_t>(sch.rows) * kStreamK, 0x3C00);  // f16 1.0
+  std::vector<uint8_t> codes(static_cast<size_t>(E) * kStreamN * kStreamK / 2),
+      scales(static_cast<size_t>(E) * kStreamN * (kStreamK / bs));
+  for (auto& c : codes) c = static_cast<uint8_t>(rng());
+  for (auto& x : scales) x = static_cast<uint8_t>(((4 + rng() % 7) << 3) | (rng() % 8));
+  std::vector<uint8_t> fcodes, fscales;
+  gpu::to_fragment_order(codes, scales, E, kStreamN, kStreamK, bs, fcodes, fscales, /*f16_words=*/true);
+  return GemmDeviceCase(g, sch, a, fcodes, fscales, /*f16=*/true);
+}
+
 // The register path's weight stream in parts (next-steps, session 24): the real GEMM (f16 variant,
 // 32-row m-tiles, the shape of qwen3-30b-a3b's FC1 at T = 16: experts of 1536 weight rows × 2048 k,
 // 2 routed rows each, 12 n-tiles an m-tile) against its producer and ring alone (ring_only_kernel:
@@ -612,19 +632,10 @@ __global__ void __launch_bounds__(kernels::dynamic::kThreads, kernels::dynamic::
 TEST(GpuDiagnostics, DISABLED_RegisterPathStreamParts) {
   REQUIRE_SM90();
   namespace dk = kernels::dynamic;
-  constexpr int N = 1536, K = 2048, bs = 16, kRowsPerExpert = 2, BM = 32;
+  constexpr int N = kStreamN, K = kStreamK, BM = 32;
   for (const int E : {81, 88}) {
-    std::mt19937_64 rng(24);
-    const GemmCase g{true, std::vector<int>(E, kRowsPerExpert), N, K};
-    const GemmSchedule sch = gemm_schedule(g.rows_per_expert, BM);
-    const int tiles = sch.tiles;
-    std::vector<uint16_t> a(static_cast<size_t>(sch.rows) * K, 0x3C00);  // f16 1.0
-    std::vector<uint8_t> codes(static_cast<size_t>(E) * N * K / 2), scales(static_cast<size_t>(E) * N * (K / bs));
-    for (auto& c : codes) c = static_cast<uint8_t>(rng());
-    for (auto& x : scales) x = static_cast<uint8_t>(((4 + rng() % 7) << 3) | (rng() % 8));
-    std::vector<uint8_t> fcodes, fscales;
-    gpu::to_fragment_order(codes, scales, E, N, K, bs, fcodes, fscales, /*f16_words=*/true);
-    GemmDeviceCase dc(g, sch, a, fcodes, fscales, /*f16=*/true);
+    int tiles = 0;
+    const GemmDeviceCase dc = stream_case(E, 24, tiles);
     const kernels::MoeGemmParams& p = dc.p;
     gpu::DynamicWorkspace ws(0);
     ASSERT_TRUE(ws.unsupported.empty()) << ws.unsupported;
@@ -652,6 +663,122 @@ TEST(GpuDiagnostics, DISABLED_RegisterPathStreamParts) {
                 E, work, grid, static_cast<double>(work) / grid, bytes / 1e6, best[0] * 1e3, bytes / (best[0] * 1e6),
                 best[1] * 1e3, bytes / (best[1] * 1e6));
   }
+}
+
+// The register path's weight stream with its parts as knobs (session 25: the producer and ring
+// alone stream at 2.61 TB/s, plain loads at 3.2). One producer thread issues each stage's copies as
+// produce() does (the work list, the tile's metadata, the same tensor maps), one consumer lane
+// waits on "full" and frees the stage at once. Knobs: the ring's stages (kRing) and CTAs per SM
+// (kCtas), whether a stage also copies the activation tile (kAct, from L2) and the scales (kScales),
+// and the codes' shape: the 3-D box of 8 row tiles 512 B each a k-tile apart (produce's) or one 4 KB
+// bulk copy of contiguous bytes (kFlat: the same bytes, item by item); kPf > 0: the producer also
+// asks L2 for the codes and scales kPf k-tiles ahead of the stage it fills (within the item), more
+// bytes in flight without more shared memory.
+__device__ __forceinline__ void prefetch_l2_3d(const void* tmap, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(tmap), "r"(c0), "r"(c1),
+               "r"(c2)
+               : "memory");
+}
+template <int kRing, bool kAct, bool kScales>
+struct ProbeSmem {
+  __nv_bfloat16 a[kAct ? kRing : 1][32 * kernels::dynamic::BK];  // 1024-aligned: the 128B-swizzled box
+  alignas(128) uint4 w[kRing][kernels::dynamic::kRowTiles][32];
+  alignas(128) uint8_t ws[kScales ? kRing : 1][kernels::dynamic::kRowTiles * 64];
+  uint64_t full[kRing], empty[kRing];
+};
+template <int kRing, bool kAct, bool kScales>
+inline constexpr size_t kProbeSmem = sizeof(ProbeSmem<kRing, kAct, kScales>) + kernels::dynamic::kSmemAlign;
+
+template <int kRing, int kCtas, bool kAct, bool kScales, bool kFlat, int kPf = 0>
+__global__ void __launch_bounds__(64, kCtas)
+    stream_probe_kernel(kernels::MoeGemmParams p, const __grid_constant__ kernels::dynamic::TensorMaps maps,
+                        int n_tiles) {
+  namespace dk = kernels::dynamic;
+  namespace ptx = kernels::ptx;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  auto& sm = dk::aligned_smem<ProbeSmem<kRing, kAct, kScales>>(smem_raw);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kRing; ++s) ptx::mbar_init(&sm.full[s], 1), ptx::mbar_init(&sm.empty[s], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const ptx::Watchdog wd{nullptr, nullptr};
+  const int work = *p.num_tiles * n_tiles, ktiles = p.k_pad / dk::BK;
+  constexpr uint32_t kBytes = (kAct ? 32 * dk::BK * 2 : 0) + dk::kRowTiles * (512 + (kScales ? 64 : 0));
+  uint32_t it = 0;
+  if (threadIdx.x == 0) {
+    for (int w = blockIdx.x; w < work; w += gridDim.x) {
+      const dk::TileInfo ti = dk::tile_info<32>(p, w, n_tiles);
+      const int tile0 = dk::map_row_tile<false>(p, ti, 0);
+      for (int kt = 0; kt < ktiles; ++kt, ++it) {
+        const int s = it % kRing;
+        ptx::mbar_wait(&sm.empty[s], ((it / kRing) & 1) ^ 1, wd, dk::kWaitEmpty, it);
+        ptx::mbar_arrive_expect_tx(&sm.full[s], kBytes);
+        if constexpr (kAct) ptx::tma_load_2d(sm.a[s], &maps.a, kt * dk::BK, ti.row0, &sm.full[s]);
+        if constexpr (kFlat)
+          ptx::bulk_copy_g2s(sm.w[s][0], p.w_frag + (static_cast<int64_t>(w) * ktiles + kt) * dk::kRowTiles * 32,
+                             dk::kRowTiles * 512, &sm.full[s]);
+        else ptx::tma_load_3d(sm.w[s][0], &maps.codes, 0, kt, tile0, &sm.full[s]);
+        if constexpr (kScales) ptx::tma_load_3d(&sm.ws[s][0], &maps.scales, 0, kt, tile0, &sm.full[s]);
+        if (kPf > 0 && kt + kPf < ktiles) {
+          prefetch_l2_3d(&maps.codes, 0, kt + kPf, tile0);
+          prefetch_l2_3d(&maps.scales, 0, kt + kPf, tile0);
+        }
+      }
+    }
+  } else if (threadIdx.x == 32) {
+    for (int w = blockIdx.x; w < work; w += gridDim.x)
+      for (int kt = 0; kt < ktiles; ++kt, ++it) {
+        ptx::mbar_wait(&sm.full[it % kRing], (it / kRing) & 1, wd, dk::kWaitFull, it);
+        ptx::mbar_arrive(&sm.empty[it % kRing]);
+      }
+  }
+}
+
+TEST(GpuDiagnostics, DISABLED_RegisterPathStreamProbe) {
+  REQUIRE_SM90();
+  namespace dk = kernels::dynamic;
+  constexpr int N = kStreamN, K = kStreamK, E = 88, BM = 32;  // 4 waves of 264 CTAs
+  int tiles = 0;
+  const GemmDeviceCase dc = stream_case(E, 25, tiles);
+  const kernels::MoeGemmParams& p = dc.p;
+  int sms = 0;
+  GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int n_tiles = gpu::dynamic_n_tiles(p, /*fc1=*/false);
+  const dk::TensorMaps maps = gpu::register_path_maps(p, BM, /*fc1=*/false);
+  const double codes_mb = static_cast<double>(E) * N * K / 2 / 1e6;
+  auto probe = [&](const char* what, auto kernel, int ctas, size_t smem, double bytes) {
+    GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    std::array<float, 2> best{};
+    best_of_two_ms(5, [&](int) { kernel<<<sms * ctas, 64, smem>>>(p, maps, n_tiles); }, best);
+    const float ms = std::min(best[0], best[1]);
+    std::printf("[stream probe] %-44s %6.1f us  %.2f TB/s of HBM bytes (codes%s)\n", what, ms * 1e3,
+                bytes / (ms * 1e9), bytes > codes_mb * 1e6 ? " + scales" : "");
+  };
+  const double with_scales = codes_mb * 1e6 * 9 / 8, codes_only = codes_mb * 1e6;
+  probe("8 stages, 2 CTAs/SM (produce's copies)", stream_probe_kernel<8, 2, true, true, false>, 2,
+        kProbeSmem<8, true, true>, with_scales);
+  probe("4 stages, 2 CTAs/SM", stream_probe_kernel<4, 2, true, true, false>, 2, kProbeSmem<4, true, true>, with_scales);
+  probe("12 stages, 2 CTAs/SM", stream_probe_kernel<12, 2, true, true, false>, 2, kProbeSmem<12, true, true>,
+        with_scales);
+  probe("16 stages, 1 CTA/SM", stream_probe_kernel<16, 1, true, true, false>, 1, kProbeSmem<16, true, true>,
+        with_scales);
+  probe("24 stages, 1 CTA/SM", stream_probe_kernel<24, 1, true, true, false>, 1, kProbeSmem<24, true, true>,
+        with_scales);
+  probe("6 stages, 4 CTAs/SM", stream_probe_kernel<6, 4, true, true, false>, 4, kProbeSmem<6, true, true>,
+        with_scales);
+  probe("8 stages, 2 CTAs/SM, no activation tile", stream_probe_kernel<8, 2, false, true, false>, 2,
+        kProbeSmem<8, false, true>, with_scales);
+  probe("8 stages, 2 CTAs/SM, no scales", stream_probe_kernel<8, 2, true, false, false>, 2, kProbeSmem<8, true, false>,
+        codes_only);
+  probe("8 stages, 2 CTAs/SM, codes as one 4 KB bulk copy", stream_probe_kernel<8, 2, true, true, true>, 2,
+        kProbeSmem<8, true, true>, with_scales);
+  probe("8 stages, 2 CTAs/SM, L2 prefetch 8 k-tiles ahead", stream_probe_kernel<8, 2, true, true, false, 8>, 2,
+        kProbeSmem<8, true, true>, with_scales);
+  probe("8 stages, 2 CTAs/SM, L2 prefetch 16 k-tiles ahead", stream_probe_kernel<8, 2, true, true, false, 16>, 2,
+        kProbeSmem<8, true, true>, with_scales);
+  probe("16 stages, 2 CTAs/SM, codes only, 4 KB bulk", stream_probe_kernel<16, 2, false, false, true>, 2,
+        kProbeSmem<16, false, false>, codes_only);
 }
 
 }  // namespace
