@@ -674,11 +674,6 @@ TEST(GpuDiagnostics, DISABLED_RegisterPathStreamParts) {
 // bulk copy of contiguous bytes (kFlat: the same bytes, item by item); kPf > 0: the producer also
 // asks L2 for the codes and scales kPf k-tiles ahead of the stage it fills (within the item), more
 // bytes in flight without more shared memory.
-__device__ __forceinline__ void prefetch_l2_3d(const void* tmap, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(tmap), "r"(c0), "r"(c1),
-               "r"(c2)
-               : "memory");
-}
 template <int kRing, bool kAct, bool kScales>
 struct ProbeSmem {
   __nv_bfloat16 a[kAct ? kRing : 1][32 * kernels::dynamic::BK];  // 1024-aligned: the 128B-swizzled box
@@ -721,8 +716,8 @@ __global__ void __launch_bounds__(64, kCtas)
         else ptx::tma_load_3d(sm.w[s][0], &maps.codes, 0, kt, tile0, &sm.full[s]);
         if constexpr (kScales) ptx::tma_load_3d(&sm.ws[s][0], &maps.scales, 0, kt, tile0, &sm.full[s]);
         if (kPf > 0 && kt + kPf < ktiles) {
-          prefetch_l2_3d(&maps.codes, 0, kt + kPf, tile0);
-          prefetch_l2_3d(&maps.scales, 0, kt + kPf, tile0);
+          ptx::tma_prefetch_l2_3d(&maps.codes, 0, kt + kPf, tile0);
+          ptx::tma_prefetch_l2_3d(&maps.scales, 0, kt + kPf, tile0);
         }
       }
     }

@@ -81,6 +81,15 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const void* tmap, int c0
       : "memory");
 }
 
+// A request that L2 fetch the box at (c0, c1, c2) of a 3-D tensor map (no shared memory, no barrier):
+// the register path's producer asks for its weights a ring's depth beyond the stages it fills.
+__device__ __forceinline__ void tma_prefetch_l2_3d(const void* tmap, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(tmap)),
+               "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+
 // ldmatrix.x4: four 8x8 b16 matrices; lane l supplies the row address of matrix l/8, row l%8.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
