@@ -14,7 +14,6 @@
 namespace fp4moe::kernels {
 struct MoeGemmParams;  // kernels/common/moe_gemm.cuh
 struct RoutingParams;  // kernels/common/routing.cuh
-struct WeightPrefetch;
 namespace generic {
 struct GatherParams;   // kernels/common/gather_combine.cuh
 struct CombineParams;
@@ -86,15 +85,14 @@ void launch_gather_quantize(const MoeConfig& c, const DeviceWeights& w, GenericW
 // Both: at decode sizes (kernels::route_gather_fits: T·K ≤ 1024 routes and a small table) one launch
 // of kernels/route.cuh's route_gather_kernel, whose rows follow the route order within each expert;
 // otherwise launch_route, then the gather as its programmatic dependent.
-// pf: FC1's first weights for the fused kernel to ask L2 for (kernels::WeightPrefetch; k_tiles 0: none).
 void launch_route_gather(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a, int tile_m,
-                         bool a1_f16, const kernels::WeightPrefetch& pf);
+                         bool a1_f16);
 // The routing and the gather for given parameters (the kernel-level tests compare the two): fused
 // (route_gather_kernel; needs kernels::route_gather_fits) or as a call past that line takes them up
 // to kernels::kRouteChunk routes (route_kernel, then the gather as its dependent). InvalidArgument
 // past those limits.
 void launch_route_gather_kernels(const kernels::RoutingParams& rp, const kernels::generic::GatherParams& gp, bool fused,
-                                 cudaStream_t stream, const kernels::WeightPrefetch& pf);
+                                 cudaStream_t stream);
 void launch_combine(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, bool dependent = false);
 kernels::MoeGemmParams moe_gemm_params(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws,
                                        const RunArgs& a, bool fc1);

@@ -7,7 +7,6 @@
 #include "fp4moe/errors.h"
 #include "host/launch.h"
 #include "kernels/common/moe_gemm.cuh"
-#include "kernels/common/routing.cuh"
 #include "kernels/dynamic.cuh"
 
 namespace fp4moe::gpu {
@@ -30,10 +29,6 @@ void launch_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, bo
   FP4MOE_REQUIRE(false, InvalidArgument, "tile_m", "dynamic's register path has m-tiles of 32, 64 or 128 rows, got ",
                  tile_m);
 }
-
-// k-tiles of each first-wave row tile that the fused routing asks L2 for: the ring's depth at
-// 32-row m-tiles (what FC1's producer loads first).
-constexpr int kPrefetchKTiles = 8;
 
 }  // namespace
 
@@ -111,20 +106,7 @@ void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace
   // before (DependentLaunch): it starts as the one before has started all its CTAs, sets up, and
   // waits for it to complete (ptx::wait_prior_grids) before reading its output. The routing is an
   // ordinary launch, so a call still begins after everything before it in the stream.
-  // The register path's FC1 starts on its first wave of items (CTA b takes item b: m-tiles
-  // [0, ceil(grid / n_tiles)) of the list); the fused routing asks L2 for those experts' first ring of
-  // weights while HBM would otherwise idle until FC1 starts.
-  kernels::WeightPrefetch pf{};
-  if (!bf16) {
-    const kernels::MoeGemmParams p1 = moe_gemm_params(c, w, gws, a, /*fc1=*/true);
-    const int n1 = dynamic_n_tiles(p1, /*fc1=*/true);
-    const int per_sm = tile_m == 32 ? (f16 ? dk::kCtasPerSm<32, true> : dk::kCtasPerSm<32, false>)
-                                    : (tile_m == 64 ? dk::kCtasPerSm<64, false> : dk::kCtasPerSm<128, false>);
-    const int64_t grid = std::min<int64_t>(int64_t{ws.sms} * per_sm, tiles * n1);  // as launch_dynamic_gemm_bm's
-    pf = {reinterpret_cast<const unsigned char*>(p1.w_frag), p1.s_frag, p1.w_rows / 16, p1.k_pad / dk::BK,
-          16 * (64 / p1.block), std::min(p1.k_pad / dk::BK, kPrefetchKTiles), static_cast<int>((grid + n1 - 1) / n1)};
-  }
-  launch_route_gather(c, w, gws, a, tile_m, f16, pf);
+  launch_route_gather(c, w, gws, a, tile_m, f16);
   if (bf16) {
     launch_dynamic_bf16_groups(c, w, gws, ws, a, tiles);
   } else {

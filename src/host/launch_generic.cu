@@ -93,7 +93,7 @@ void launch_small(void (*kernel)(Params), dim3 grid, dim3 block, cudaStream_t st
 }
 
 void launch_route_gather_kernels(const kernels::RoutingParams& rp, const kernels::generic::GatherParams& gp, bool fused,
-                                 cudaStream_t stream, const kernels::WeightPrefetch& pf) {
+                                 cudaStream_t stream) {
   const int64_t warps = static_cast<int64_t>(gp.tokens) * gk::gather_chunks(gp.h_pad, gp.q1);
   if (!fused) {
     FP4MOE_REQUIRE(rp.routes <= kernels::kRouteChunk, InvalidArgument, "routes", "the one-CTA routing takes at most ",
@@ -113,21 +113,21 @@ void launch_route_gather_kernels(const kernels::RoutingParams& rp, const kernels
       std::max<int64_t>(1, (warps + kernels::kRouteGatherWarps - 1) / kernels::kRouteGatherWarps));
   const size_t smem = kernels::route_gather_prefix_bytes(rp.routes, rp.experts);
   if (kernels::quant_block(gp.q1) == 16)
-    kernels::route_gather_kernel<16><<<grid, kernels::kRouteGatherThreads, smem, stream>>>(rp, gp, pf);
+    kernels::route_gather_kernel<16><<<grid, kernels::kRouteGatherThreads, smem, stream>>>(rp, gp);
   else
-    kernels::route_gather_kernel<32><<<grid, kernels::kRouteGatherThreads, smem, stream>>>(rp, gp, pf);
+    kernels::route_gather_kernel<32><<<grid, kernels::kRouteGatherThreads, smem, stream>>>(rp, gp);
   FP4MOE_CHECK_LAUNCH("route_gather_kernel");
 }
 
 void launch_route_gather(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a, int tile_m,
-                         bool a1_f16, const kernels::WeightPrefetch& pf) {
+                         bool a1_f16) {
   const kernels::RoutingParams rp = routing_params(c, ws, a, tile_m);
   if (!kernels::route_gather_fits(rp.routes, rp.experts)) {
     launch_route(c, ws, a, tile_m);
     launch_gather_quantize(c, w, ws, a, a1_f16, /*dependent=*/true);
     return;
   }
-  launch_route_gather_kernels(rp, gather_params(c, w, ws, a, a1_f16), /*fused=*/true, a.stream, pf);
+  launch_route_gather_kernels(rp, gather_params(c, w, ws, a, a1_f16), /*fused=*/true, a.stream);
 }
 
 kernels::generic::GatherParams gather_params(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws,
@@ -204,7 +204,7 @@ kernels::MoeGemmParams moe_gemm_params(const MoeConfig& c, const DeviceWeights& 
 void launch_generic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a) {
   const int64_t tiles = max_tiles(a.tokens * c.top_k, c.local_count());
   cudaStream_t s = a.stream;
-  launch_route_gather(c, w, ws, a, gk::BM, /*a1_f16=*/false, kernels::WeightPrefetch{});
+  launch_route_gather(c, w, ws, a, gk::BM, /*a1_f16=*/false);
 
   const kernels::MoeGemmParams g1 = moe_gemm_params(c, w, ws, a, true);
   const int n1_tiles = c.gated() ? w.i_pad / (gk::BN / 2) : w.i_pad / gk::BN;

@@ -442,27 +442,6 @@ __device__ __forceinline__ bool take_role() {
   return false;
 }
 
-// FC2, thread 0 before the wait: the first k-tiles (a ring and a half at most) of this CTA's first
-// item asked of L2. W2 does not depend on FC1, and this CTA starts when one of FC1's leaves its SM,
-// so during FC1's last wave the HBM serves FC2's first stages. The tile list was written by the
-// routing, which ended before FC1 passed its wait; should this CTA start earlier (FC1 on fewer CTAs
-// than the GPU holds), it reads the previous call's list (a relaxed load: no data race), and only
-// the prefetch is wasted. Row tiles past the tensor are skipped by the tensor map.
-inline constexpr int kFc2PrefetchKTiles = 12;
-template <int BM>
-__device__ __forceinline__ void prefetch_first_item(const MoeGemmParams& p, const TensorMaps& maps, int n_tiles) {
-  const int w = blockIdx.x;  // < the grid, at most the call's largest work list: inside the tile list
-  const int e = static_cast<int>(ptx::ld_acquire_gpu(reinterpret_cast<const unsigned*>(p.tile_expert + w / n_tiles)));
-  if (e < 0 || e >= p.w_experts) return;
-  TileInfo ti{};
-  ti.y = w % n_tiles, ti.e = e;
-  const int tile0 = map_row_tile<false>(p, ti, 0), kts = min(p.k_pad / BK, kFc2PrefetchKTiles);
-  for (int kt = 0; kt < kts; ++kt) {
-    ptx::tma_prefetch_l2_3d(&maps.codes, 0, kt, tile0);
-    ptx::tma_prefetch_l2_3d(&maps.scales, 0, kt, tile0);
-  }
-}
-
 // n_tiles: weight n-tiles per m-tile (FC1 gated: i_pad / 64; otherwise ceil(w_rows / 128)).
 // maps: the activation, code and scale tensor maps (TensorMaps; host/tensor_map.h register_path_maps).
 // watchdog: optional global int[ptx::kWatchdogReportInts], zeroed, that a pipeline wait past
@@ -478,8 +457,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<BM, kF16>)
   // output. The kernel after this one may launch now: it waits for this one to complete.
   ptx::launch_dependents();
   start_cta(sm, p.nvfp4);
-  if constexpr (!kFc1)
-    if (threadIdx.x == 0) prefetch_first_item<BM>(p, maps, n_tiles);
   ptx::wait_prior_grids();
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int work = *p.num_tiles * n_tiles;

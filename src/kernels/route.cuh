@@ -86,11 +86,9 @@ __global__ void __launch_bounds__(kRouteChunkThreads) route_place_kernel(Routing
 // routes of e in warps before w.
 // Grid: ceil(tokens · gather_chunks / kRouteGatherWarps) CTAs (at least one), kRouteGatherThreads
 // threads, route_gather_prefix_bytes of dynamic shared memory; kBlock = quant_block(g.q1). Needs
-// route_gather_fits. An ordinary launch: the GEMM after it may be launched early. pf: FC1's first
-// weights for CTA 0 to ask L2 for (k_tiles 0: none).
+// route_gather_fits. An ordinary launch: the GEMM after it may be launched early.
 template <int kBlock>
-__global__ void __launch_bounds__(kRouteGatherThreads)
-    route_gather_kernel(RoutingParams p, generic::GatherParams g, WeightPrefetch pf) {
+__global__ void __launch_bounds__(kRouteGatherThreads) route_gather_kernel(RoutingParams p, generic::GatherParams g) {
   ptx::launch_dependents();
   constexpr int kThreads = kRouteGatherThreads;
   constexpr int kPer = kRouteThreads / kThreads;  // routes and experts a thread
@@ -100,7 +98,6 @@ __global__ void __launch_bounds__(kRouteGatherThreads)
   __shared__ int first_row[kRouteMaxExperts];
   __shared__ int slot_row[kRouteThreads];
   __shared__ float slot_g[kRouteThreads];
-  __shared__ int wave_expert[kPrefetchMaxTiles];  // CTA 0: the expert of each first-wave m-tile's start, or -1
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int stride = (p.experts + 1) & ~1;
 
@@ -127,10 +124,6 @@ __global__ void __launch_bounds__(kRouteGatherThreads)
   const int warps = static_cast<int>((p.routes + 31) / 32);
   uint32_t* const words = reinterpret_cast<uint32_t*>(warp_prefix);
   for (int i = tid; i < warps * stride / 2; i += kThreads) words[i] = 0;
-  const bool cta0 = blockIdx.x == 0;
-  const int wave_tiles = min(pf.tiles, kPrefetchMaxTiles);
-  if (cta0)
-    for (int t = tid; t < wave_tiles; t += kThreads) wave_expert[t] = -1;
   __syncthreads();
   unsigned before[kPer];
 #pragma unroll
@@ -155,25 +148,11 @@ __global__ void __launch_bounds__(kRouteGatherThreads)
         count[j] += n;
       }
   }
-  int first_tile[kPer];
-  scan_counts_and_list_tiles<Scan, kPer>(p, scan_storage, count, row0, cta0, first_tile);
+  scan_counts_and_list_tiles<Scan, kPer>(p, scan_storage, count, row0, blockIdx.x == 0);
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int ex = kPer * tid + j;
-    if (ex >= p.experts) continue;
-    first_row[ex] = row0[j];
-    if (cta0 && first_tile[j] >= 0 && first_tile[j] < wave_tiles) wave_expert[first_tile[j]] = ex;
-  }
+  for (int j = 0; j < kPer; ++j)
+    if (kPer * tid + j < p.experts) first_row[kPer * tid + j] = row0[j];
   __syncthreads();
-  // CTA 0: FC1's first wave of weights into L2 (WeightPrefetch), a (m-tile, row tile) pair a thread.
-  if (cta0 && pf.k_tiles > 0)
-    for (int i = tid; i < wave_tiles * pf.row_tiles; i += kThreads) {
-      const int ex = wave_expert[i / pf.row_tiles];
-      if (ex < 0) continue;
-      const int64_t ft = (static_cast<int64_t>(ex) * pf.row_tiles + i % pf.row_tiles) * pf.ktiles;
-      ptx::prefetch_l2_bulk(pf.codes + ft * 512, 512u * pf.k_tiles);
-      ptx::prefetch_l2_bulk(pf.scales + ft * pf.scale_bytes, static_cast<uint32_t>(pf.scale_bytes * pf.k_tiles));
-    }
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int r = tid + kThreads * i;

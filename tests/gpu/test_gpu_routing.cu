@@ -104,10 +104,6 @@ void run_case(const RouteCase& c) {
   DeviceArray<__nv_bfloat16> d_x(x);
   const int64_t tiles = (R + c.tile_m - 1) / c.tile_m + std::min<int64_t>(c.local, R);
 
-  // The fused run also asks L2 for weights of its first-wave experts (WeightPrefetch): a buffer of
-  // 4 row tiles × 4 k-tiles an expert, 2 k-tiles prefetched, 5 first-wave m-tiles. No result may change.
-  DeviceArray<uint8_t> pf_codes(static_cast<size_t>(c.local) * 4 * 4 * 512), pf_scales(static_cast<size_t>(c.local) * 4 * 4 * 64);
-  const kernels::WeightPrefetch pf{pf_codes.get(), pf_scales.get(), 4, 4, 64, 2, 5};
   auto launch = [&](DeviceRun& d, bool fused) {
     const kernels::RoutingParams rp{c.ids_int64 ? static_cast<const void*>(d_ids64.get()) : d_ids32.get(),
                                     c.ids_int64, d_w.get(), R, c.first, c.local, c.tile_m, d.expert_offset.get(),
@@ -115,7 +111,7 @@ void run_case(const RouteCase& c) {
                                     d.row_expert.get(), d.tile_expert.get(), d.tile_row0.get(), d.num_tiles.get()};
     const kernels::generic::GatherParams gp{d_x.get(), c.tokens, c.hidden, c.h_pad, c.top_k, c.q, d_scales.get(),
                                             d.route_row.get(), d.row_expert.get(), d.a1.get(), c.a1_f16};
-    gpu::launch_route_gather_kernels(rp, gp, fused, nullptr, fused ? pf : kernels::WeightPrefetch{});
+    gpu::launch_route_gather_kernels(rp, gp, fused, nullptr);
     GPU_CHECK(cudaDeviceSynchronize());
   };
   DeviceRun fused(c.local, R, tiles, c.h_pad), chain(c.local, R, tiles, c.h_pad);
@@ -190,7 +186,7 @@ TEST(GpuRouteGather, PastItsLimitsATypedError) {
   rp.routes = 1025, rp.experts = 8;
   kernels::generic::GatherParams gp{};
   gp.h_pad = 128, gp.q1 = kernels::QuantKind::kNvfp4;
-  EXPECT_THROW(gpu::launch_route_gather_kernels(rp, gp, true, nullptr, kernels::WeightPrefetch{}), InvalidArgument);
+  EXPECT_THROW(gpu::launch_route_gather_kernels(rp, gp, true, nullptr), InvalidArgument);
 }
 
 }  // namespace

@@ -81,11 +81,6 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const void* tmap, int c0
       : "memory");
 }
 
-// A request that L2 fetch `bytes` (a multiple of 16) of global memory from `gmem` (16-byte aligned).
-__device__ __forceinline__ void prefetch_l2_bulk(const void* gmem, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
-}
-
 // A request that L2 fetch the box at (c0, c1, c2) of a 3-D tensor map (no shared memory, no barrier):
 // the register path's producer asks for its weights a ring's depth beyond the stages it fills.
 __device__ __forceinline__ void tma_prefetch_l2_3d(const void* tmap, int c0, int c1, int c2) {

@@ -74,12 +74,11 @@ __device__ __forceinline__ void record_route(const RoutingParams& p, int64_t r, 
 // and the totals; row0[i] is expert kItems·tid + i's first row. Shared by the one-CTA routing, the
 // many-CTA scan (kItems = 1, kRouteThreads threads), the fused routing + gather (route.cuh: only
 // its CTA 0 writes, `write` false elsewhere, the same in every thread of a CTA) and the static
-// backend's in-kernel routing (static_moe.cuh: 384 threads, up to 3 experts each). first_tile
-// (kItems ints, written only with `write`): each of the thread's experts' first m-tile, -1 for none.
+// backend's in-kernel routing (static_moe.cuh: 384 threads, up to 3 experts each).
 template <class Scan, int kItems>
 __device__ __forceinline__ void scan_counts_and_list_tiles(const RoutingParams& p, typename Scan::TempStorage& storage,
                                                            int (&count)[kItems], int (&row0)[kItems],
-                                                           bool write = true, int* first_tile = nullptr) {
+                                                           bool write = true) {
   int tiles[kItems], tile0[kItems], total_rows, total_tiles;
 #pragma unroll
   for (int i = 0; i < kItems; ++i) tiles[i] = (count[i] + p.tile_m - 1) / p.tile_m;
@@ -89,7 +88,6 @@ __device__ __forceinline__ void scan_counts_and_list_tiles(const RoutingParams& 
   Scan(storage).ExclusiveSum(tiles, tile0, total_tiles);
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
-    if (first_tile) first_tile[i] = tiles[i] > 0 ? tile0[i] : -1;  // the expert's first m-tile (-1: none)
     const int e = kItems * static_cast<int>(threadIdx.x) + i;
     if (e >= p.experts) break;
     p.expert_offset[e] = row0[i];
@@ -170,24 +168,12 @@ inline constexpr int kRouteChunkThreads = 512;
 inline constexpr int kRouteMaxExperts = kRouteThreads;  // local experts: one scan thread each
 
 // The fused routing + gather at decode sizes (route.cuh, route_gather_kernel): its limits.
-// FC1's first weights, which the fused routing asks L2 for once it knows the touched experts, while
-// HBM would otherwise idle until FC1 starts (route.cuh): the first k_tiles fragment tiles (codes and
-// their scales) of every row tile of each expert with an m-tile among the first `tiles` of the list
-// (FC1's first wave over the persistent grid). k_tiles = 0: nothing.
-struct WeightPrefetch {
-  const unsigned char* codes;   // FC1's w_frag: 512-byte fragment tiles, [expert][row tile][k-tile]
-  const unsigned char* scales;  // FC1's s_frag: scale_bytes a fragment tile, same order
-  int row_tiles, ktiles, scale_bytes;  // a local expert's row tiles (w_rows / 16), k-tiles a row tile
-  int k_tiles, tiles;
-};
-inline constexpr int kPrefetchMaxTiles = 256;  // first-wave m-tiles the fused routing prefetches for
-
 // kRouteGatherThreads threads, each two routes and two experts' counts (kRouteThreads of each in
 // all): 512 threads leave the gather's quantisation 128 registers (1024 spilled MX's 32-value
-// blocks at 64). The static arrays take ~15.5 KB of the 48 KB a CTA has without an opt-in.
+// blocks at 64). The static arrays take ~14 KB of the 48 KB a CTA has without an opt-in.
 inline constexpr int kRouteGatherThreads = 512;
 inline constexpr int kRouteGatherWarps = kRouteGatherThreads / 32;
-inline constexpr int kRouteGatherPrefixBytes = 30 * 1024;
+inline constexpr int kRouteGatherPrefixBytes = 32 * 1024;
 
 __host__ __device__ inline int route_gather_prefix_bytes(int64_t routes, int experts) {
   return static_cast<int>((routes + 31) / 32) * ((experts + 1) / 2) * 4;  // uint16 [warps][experts], whole words
