@@ -3,6 +3,8 @@
 //
 //   route_kernel (common/routing.cuh)   ids → rows grouped by local expert, m-tile schedule
 //   gather_quantize_kernel              x[t] → A1[row] = Q1(x[t]) with the row's expert's scale
+//                                       (up to 1024 routes both are one launch: route.cuh's
+//                                       route_gather_kernel)
 //   gemm_kernel<kFc1>                   A1 · W13ᵀ → alpha, bias, activation, bf16, Q2 → A2[row]
 //   gemm_kernel<kFc2>                   A2 · W2ᵀ  → alpha, bias, · router weight → Y[row] (fp32)
 //   combine_kernel                      out[t] = Σ_j Y[route_row[t, j]], slot order (deterministic)

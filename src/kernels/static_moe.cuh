@@ -11,9 +11,10 @@
 //                                                                                          → barrier
 //   phase 4   out[t] = Σ_j Y[route_row[t, j]] in slot order (common/gather_combine.cuh combine4)
 //
-// What it saves against dynamic: dynamic's five launches (route, gather, FC1, FC2, combine) become
-// one, and the tile assignment is fixed at launch (CTA b takes work items b, b + grid, …), so with a
-// CUDA graph the call costs one launch plus four barriers (~2 µs each, ../shared/h200-facts.md).
+// What it saves against dynamic: dynamic's four or five launches (route and gather, one launch up
+// to 1024 routes; FC1; FC2; combine) become one, and the tile assignment is fixed at launch (CTA b
+// takes work items b, b + grid, …), so with a CUDA graph the call costs one launch plus four
+// barriers (~2 µs each, ../shared/h200-facts.md).
 // The GEMM core, the tile list, the epilogues and the top-k sum are dynamic's and generic's, so the
 // results are theirs bit for bit (same rows, same summation order), and deterministic.
 //
