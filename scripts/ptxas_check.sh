@@ -3,8 +3,9 @@
 # report (-Xptxas -v) and fails if ptxas serialised any wgmma (its "C7513"/"C7515"/"C7510" notes:
 # a wait after every HGMMA, which cost the register path up to 20 % in session 12, bench/results/
 # NOTES.md); it also prints each unit's spill-store bytes. It fails too if the direct_micro or the
-# generic unit spills at all: in session 22 a few bytes of spills in its bf16 kG = 1 kernel (from extra phase-0 code)
-# cost every a16 T = 1 row 2-5 us on an H100. No GPU needed; ~30 s a unit uncached.
+# generic unit spills at all: in session 22 a few bytes of spills in direct_micro's bf16 kG = 1
+# kernel (from extra phase-0 code) cost every a16 T = 1 row 2-5 us on an H100. No GPU needed; ~30 s
+# a unit uncached.
 #   scripts/ptxas_check.sh [BUILD_DIR]        (default: build, relative to the current directory)
 set -uo pipefail
 build=$(cd "${1:-build}" 2>/dev/null && pwd) || { echo "ptxas_check.sh: no directory ${1:-build}" >&2; exit 2; }

@@ -62,15 +62,17 @@ kernels::RoutingParams routing_params(const MoeConfig& c, GenericWorkspace& ws, 
           ws.num_tiles.get<int>()};
 }
 
+// The one-CTA routing (up to kRouteChunk routes).
+void launch_route_one_cta(const kernels::RoutingParams& rp, cudaStream_t stream) {
+  kernels::route_kernel<<<1, kernels::kRouteThreads, 0, stream>>>(rp);
+  FP4MOE_CHECK_LAUNCH("route_kernel");
+}
+
 void launch_route(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, int tile_m) {
   const kernels::RoutingParams rp = routing_params(c, ws, a, tile_m);
   const int64_t R = rp.routes;
   const int EL = rp.experts;
-  if (R <= kernels::kRouteChunk) {
-    kernels::route_kernel<<<1, kernels::kRouteThreads, 0, a.stream>>>(rp);
-    FP4MOE_CHECK_LAUNCH("route_kernel");
-    return;
-  }
+  if (R <= kernels::kRouteChunk) return launch_route_one_cta(rp, a.stream);
   // Many CTAs, one chunk each (routing.cuh): counts from zero, scans, placement.
   const unsigned chunks = static_cast<unsigned>((R + kernels::kRouteChunk - 1) / kernels::kRouteChunk);
   int* const counts = ws.route_counts.get<int>();
@@ -92,23 +94,27 @@ void launch_small(void (*kernel)(Params), dim3 grid, dim3 block, cudaStream_t st
   FP4MOE_CUDA_CHECK(cudaLaunchKernelEx(&l.config, kernel, p));
 }
 
+// The gather-quantise kernel for given parameters: a warp per unit of tokens · gather_chunks.
+void launch_gather(const gk::GatherParams& gp, cudaStream_t stream, bool dependent) {
+  const int64_t warps = static_cast<int64_t>(gp.tokens) * gk::gather_chunks(gp.h_pad, gp.q1);
+  launch_small(gk::gather_quantize_kernel, dim3(static_cast<unsigned>((warps + gk::kGatherWarps - 1) / gk::kGatherWarps)),
+               dim3(gk::kGatherWarps * 32), stream, dependent, gp);
+}
+
 void launch_route_gather_kernels(const kernels::RoutingParams& rp, const kernels::generic::GatherParams& gp, bool fused,
                                  cudaStream_t stream) {
-  const int64_t warps = static_cast<int64_t>(gp.tokens) * gk::gather_chunks(gp.h_pad, gp.q1);
   if (!fused) {
     FP4MOE_REQUIRE(rp.routes <= kernels::kRouteChunk, InvalidArgument, "routes", "the one-CTA routing takes at most ",
                    kernels::kRouteChunk, " routes, got ", rp.routes);
-    kernels::route_kernel<<<1, kernels::kRouteThreads, 0, stream>>>(rp);
-    FP4MOE_CHECK_LAUNCH("route_kernel");
-    launch_small(gk::gather_quantize_kernel,
-                 dim3(static_cast<unsigned>((warps + gk::kGatherWarps - 1) / gk::kGatherWarps)),
-                 dim3(gk::kGatherWarps * 32), stream, /*dependent=*/true, gp);
+    launch_route_one_cta(rp, stream);
+    launch_gather(gp, stream, /*dependent=*/true);
     return;
   }
   FP4MOE_REQUIRE(kernels::route_gather_fits(rp.routes, rp.experts), InvalidArgument, "routes",
                  "the fused routing + gather holds at most ", kernels::kRouteThreads, " routes and ",
                  kernels::kRouteGatherPrefixBytes, " bytes of per-warp counts, got ", rp.routes, " routes over ",
                  rp.experts, " experts");
+  const int64_t warps = static_cast<int64_t>(gp.tokens) * gk::gather_chunks(gp.h_pad, gp.q1);
   const unsigned grid = static_cast<unsigned>(
       std::max<int64_t>(1, (warps + kernels::kRouteGatherWarps - 1) / kernels::kRouteGatherWarps));
   const size_t smem = kernels::route_gather_prefix_bytes(rp.routes, rp.experts);
@@ -141,10 +147,7 @@ kernels::generic::GatherParams gather_params(const MoeConfig& c, const DeviceWei
 
 void launch_gather_quantize(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws, const RunArgs& a,
                             bool a1_f16, bool dependent) {
-  const gk::GatherParams gp = gather_params(c, w, ws, a, a1_f16);
-  const int64_t warps = a.tokens * gk::gather_chunks(w.h_pad, gp.q1);
-  launch_small(gk::gather_quantize_kernel, dim3(static_cast<unsigned>((warps + gk::kGatherWarps - 1) / gk::kGatherWarps)),
-               dim3(gk::kGatherWarps * 32), a.stream, dependent, gp);
+  launch_gather(gather_params(c, w, ws, a, a1_f16), a.stream, dependent);
 }
 
 kernels::generic::CombineParams combine_params(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a) {

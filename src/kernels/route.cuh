@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kRouteChunkThreads) route_place_kernel(Routing
 }
 
 // ---- The routing and the gather in one launch (decode sizes) -------------------------------------
-// Every CTA computes the whole call's routing in shared memory (one route a thread), then its warps
+// Every CTA computes the whole call's routing in shared memory (two routes a thread), then its warps
 // gather their units of tokens · gather_chunks into A1 from it; CTA 0 also writes the routing's
 // outputs for the GEMMs and the top-k sum. Why: the routing kernel and the gather waiting for it were
 // two launches and a grid dependency in series, and the gather's first loads (route_row, then

@@ -81,8 +81,9 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const void* tmap, int c0
       : "memory");
 }
 
-// A request that L2 fetch the box at (c0, c1, c2) of a 3-D tensor map (no shared memory, no barrier):
-// the register path's producer asks for its weights a ring's depth beyond the stages it fills.
+// A request that L2 fetch the box at (c0, c1, c2) of a 3-D tensor map (no shared memory, no barrier).
+// Used by the stream diagnostics only: prefetching the weights inside the register path's stream
+// measured slower (bench/results/NOTES.md, session 25).
 __device__ __forceinline__ void tma_prefetch_l2_3d(const void* tmap, int c0, int c1, int c2) {
   asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(
                    reinterpret_cast<uint64_t>(tmap)),

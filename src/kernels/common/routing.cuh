@@ -178,7 +178,8 @@ inline constexpr int kRouteGatherPrefixBytes = 32 * 1024;
 __host__ __device__ inline int route_gather_prefix_bytes(int64_t routes, int experts) {
   return static_cast<int>((routes + 31) / 32) * ((experts + 1) / 2) * 4;  // uint16 [warps][experts], whole words
 }
-// Whether a call's routing fits one route a thread, one expert a scan thread and the prefix table.
+// Whether a call's routing fits the kernel: at most kRouteThreads routes and local experts (two of
+// each a thread) and the prefix table within kRouteGatherPrefixBytes.
 __host__ __device__ inline bool route_gather_fits(int64_t routes, int experts) {
   return routes <= kRouteThreads && experts <= kRouteMaxExperts &&
          route_gather_prefix_bytes(routes, experts) <= kRouteGatherPrefixBytes;
