@@ -170,18 +170,20 @@ void launch_dynamic_bf16_groups(const MoeConfig& c, const DeviceWeights& w, Gene
 void launch_dynamic_bf16_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, bool fc1,
                               int64_t max_tiles, int* watchdog, cudaStream_t stream);
 
-// ---- static: routing, gather, FC1, FC2 and the top-k sum in one cooperative launch ----------------
-// (kernels/static_moe.cuh: dynamic's register-path CTA, four grid barriers). Uses the
-// GenericWorkspace's buffers; owns the grid barrier's two words and the device facts.
-// Routes (T·K) static takes: CTA 0 routes them alone (its loops are 384 routes a step), and past a
-// few thousand routes dynamic is the backend to use anyway.
+// ---- static: FC1, FC2 and the top-k sum in one cooperative launch ---------------------------------
+// (kernels/static_moe.cuh: dynamic's register-path CTA, one grid barrier and per-m-tile counters,
+// after the generic path's routing and gather). Uses the GenericWorkspace's buffers; owns the grid
+// barrier's two words, the counters and the device facts.
+// Routes (T·K) static takes: its decode and middle range (its grid barrier and fixed assignment
+// pay only while the GEMMs are short); past a few thousand routes dynamic is the backend to use.
 inline constexpr int64_t kStaticMaxRoutes = 4096;
 struct StaticWorkspace {
   explicit StaticWorkspace(int device);
-  size_t bytes() const { return barrier.bytes(); }
+  size_t bytes() const { return barrier.bytes() + fc1_done.bytes(); }
   int sms = 0;
   std::string unsupported;  // why this device cannot run the kernels (empty: it can)
   DeviceBuffer barrier;     // grid barrier: count, epoch (zeroed once; grid_barrier.cuh)
+  DeviceBuffer fc1_done;    // FC1 items finished per m-tile (static_moe.cuh; zeroed by each call)
 };
 // Whether static takes T = tokens: the device can run it and T·K <= kStaticMaxRoutes.
 bool static_supports(const MoeConfig& c, const StaticWorkspace& ws, int64_t tokens, std::string* why);

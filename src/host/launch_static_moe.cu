@@ -1,5 +1,5 @@
-// Launch of the static backend (src/kernels/static_moe.cuh): routing, gather-quantise, FC1, FC2 and
-// the top-k sum in one cooperative launch of dynamic's register-path CTA.
+// Launch of the static backend (src/kernels/static_moe.cuh): the generic path's routing and gather,
+// then FC1, FC2 and the top-k sum in one cooperative launch of dynamic's register-path CTA.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -13,7 +13,6 @@
 namespace fp4moe::gpu {
 
 namespace sk = kernels::static_moe;
-static_assert(kMaxExperts <= sk::kMaxExperts, "the in-kernel routing counts every local expert a config can have");
 
 StaticWorkspace::StaticWorkspace(int device) {
   FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -27,6 +26,9 @@ StaticWorkspace::StaticWorkspace(int device) {
   for (std::string why : {static_opt_in<32>(), static_opt_in<64>()})
     if (unsupported.empty() && !why.empty()) unsupported = why;
   barrier = DeviceBuffer(2 * sizeof(unsigned), "workspace.static_barrier");
+  // m-tiles of at least 32 rows over at most kStaticMaxRoutes routes and kMaxExperts local experts.
+  fc1_done = DeviceBuffer((kStaticMaxRoutes / 32 + kMaxExperts) * sizeof(unsigned), "workspace.static_fc1_done");
+  FP4MOE_CUDA_CHECK(cudaMemset(fc1_done.get(), 0, fc1_done.bytes()));  // each call leaves them zero
   FP4MOE_CUDA_CHECK(cudaMemset(barrier.get(), 0, barrier.bytes()));
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any stream uses it
 }
@@ -38,7 +40,7 @@ bool static_supports(const MoeConfig& c, const StaticWorkspace& ws, int64_t toke
   }
   if (tokens * c.top_k > kStaticMaxRoutes) {
     if (why) *why = detail::concat("T·K = ", tokens, "·", c.top_k, " = ", tokens * c.top_k, " routes is past the ",
-                                   kStaticMaxRoutes, " that static routes in one CTA (dynamic takes more)");
+                                   kStaticMaxRoutes, " of static's decode and middle range (dynamic takes more)");
     return false;
   }
   return true;
@@ -56,18 +58,21 @@ void launch_static(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace&
   FP4MOE_REQUIRE(static_supports(c, ws, a.tokens, &why), Unsupported, "backend", "static: ", why);
   const bool f16 = f16_operands(c);
   sk::Params p{};
-  p.route = routing_params(c, gws, a, static_tile_m(a.tokens * c.top_k, c.local_count()));
-  p.gather = gather_params(c, w, gws, a, f16);
+  const int tile_m = static_tile_m(a.tokens * c.top_k, c.local_count());
+  // The routing and the gather: the generic path's launches (one up to 1024 routes), before static's.
+  launch_route_gather(c, w, gws, a, tile_m, f16);
+  p.num_tiles = gws.num_tiles.get<int>();
+  p.tokens = static_cast<int>(a.tokens);
   p.fc1 = moe_gemm_params(c, w, gws, a, true);
   p.fc2 = moe_gemm_params(c, w, gws, a, false);
   p.fc1.f16 = p.fc2.f16 = f16;
-  const int tile_m = p.route.tile_m;
   p.maps1 = register_path_maps(p.fc1, tile_m, true);
   p.maps2 = register_path_maps(p.fc2, tile_m, false);
   p.n1_tiles = dynamic_n_tiles(p.fc1, true);
   p.n2_tiles = dynamic_n_tiles(p.fc2, false);
   p.combine = combine_params(c, gws, a);
   p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
+  p.fc1_done = ws.fc1_done.get<unsigned>();
   p.watchdog = nullptr;  // pipeline waits without a time limit, as dynamic's production launches
   if (tile_m == 32) launch_static_bm<32>(p, ws.sms, a.stream);
   else launch_static_bm<64>(p, ws.sms, a.stream);

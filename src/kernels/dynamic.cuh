@@ -288,9 +288,13 @@ __device__ __forceinline__ int map_row_tile(const MoeGemmParams& p, const TileIn
 // producer runs ahead as far as the ring allows.
 // it: the ring's stages this thread has used so far (0 for the dynamic backend's one GEMM; the static
 // backend runs FC1 and then FC2 on one ring), advanced past this GEMM's; consume takes the same.
+// ready (static's FC2, else null): before an item's first copy, wait until ready[its m-tile] reaches
+// `need` (FC1's items of that m-tile have all stored their A2 rows: consume's `done`), then fence
+// for the tensor copies that read them.
 template <bool kFc1, int BM, bool kF16>
 __device__ __forceinline__ void produce(const MoeGemmParams& p, const TensorMaps* maps, Smem<BM, kF16>& sm, int n_tiles,
-                                        int work, const ptx::Watchdog& wd, uint32_t& it) {
+                                        int work, const ptx::Watchdog& wd, uint32_t& it,
+                                        const unsigned* ready = nullptr, unsigned need = 0) {
   if (threadIdx.x != 0) return;
   const int ktiles = p.k_pad / BK;
   const int scale_bytes = 16 * (64 / p.block);
@@ -301,6 +305,10 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, const TensorMaps
   for (int w = blockIdx.x; w < work; w += gridDim.x) {
     const TileInfo ti = tile_info<BM>(p, w, n_tiles);
     const int tile0 = map_row_tile<kFc1>(p, ti, 0), tile1 = map_row_tile<kFc1>(p, ti, kRowTiles / 2);
+    if (ready) {
+      while (ptx::ld_acquire_gpu(ready + w / n_tiles) < need) __nanosleep(32);
+      ptx::fence_proxy_async_global();  // the writers' A2 (generic proxy) → this CTA's tensor copies
+    }
     for (int kt = 0; kt < ktiles; ++kt, ++it) {
       const int s = it % kRing;
       ptx::mbar_wait(&sm.empty[s], ((it / kRing) & 1) ^ 1, wd, kWaitEmpty, it);
@@ -325,9 +333,12 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, const TensorMaps
 // bit moves and E4M3 conversions (frag_a_f16, ~18 instructions per k16 step and lane, no shared
 // loads) instead of the per-lane tables (frag_a_bf16: 6 LDS, their address IMADs and PRMTs; the
 // profile counted 68 instructions per HGMMA in all, NOTES session 11), and the wgmma reads f16.
+// done (static's FC1, else null): after an item's epilogue has stored its A2 rows, every consumer
+// thread fences them for the async proxy, and once both consumers have (named barrier 1) one thread
+// adds 1 to done[its m-tile] with release semantics (produce's `ready`).
 template <bool kFc1, int BM, bool kF16>
 __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, int work,
-                                        const ptx::Watchdog& wd, uint32_t& it) {
+                                        const ptx::Watchdog& wd, uint32_t& it, unsigned* done = nullptr) {
   const int c = threadIdx.x / kWarpgroup - 1;
   const int t = threadIdx.x % kWarpgroup, warp = t >> 5, lane = t & 31;
   const int ct = threadIdx.x - kWarpgroup;  // 0..255: this thread among both consumers (epilogue)
@@ -412,6 +423,11 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
 
     if (!kFc1 && ct < BM) sm.rw[ct] = rw;  // read after finish_tile's first barrier
     finish_tile<kFc1, BM, kF16>(p, ti, kFc1 ? expert_alpha<kF16>(p, ti.e) : alpha, acc, sm.c, c, t, ct, sm.rw);
+    if (done) {
+      ptx::fence_proxy_async_global();
+      ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
+      if (ct == 0) ptx::red_release_gpu_add(done + w / n_tiles, 1);
+    }
   }
 }
 

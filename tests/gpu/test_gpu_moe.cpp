@@ -46,7 +46,7 @@ int64_t direct_micro_capacity(const MoeConfig& c) {
   return c.format == WeightFormat::kNVFP4 && c.mode == ActMode::kA4 ? 1024 : 512;
 }
 
-// T·K that forced static takes (launch.h kStaticMaxRoutes: its routing runs in one CTA), on sm_90.
+// T·K that forced static takes (launch.h kStaticMaxRoutes), on sm_90.
 constexpr int64_t kStaticCapacity = 4096;
 
 // Inputs of a problem on the device.
