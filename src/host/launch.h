@@ -179,12 +179,11 @@ void launch_dynamic_bf16_gemm(const DynamicWorkspace& ws, const kernels::MoeGemm
 inline constexpr int64_t kStaticMaxRoutes = 4096;
 struct StaticWorkspace {
   explicit StaticWorkspace(int device);
-  size_t bytes() const { return barrier.bytes() + fc1_done.bytes() + tickets.bytes(); }
+  size_t bytes() const { return barrier.bytes() + fc1_done.bytes(); }
   int sms = 0;
   std::string unsupported;  // why this device cannot run the kernels (empty: it can)
   DeviceBuffer barrier;     // grid barrier: count, epoch (zeroed once; grid_barrier.cuh)
   DeviceBuffer fc1_done;    // FC1 items finished per m-tile (static_moe.cuh; zeroed by each call)
-  DeviceBuffer tickets;     // items handed out (one counter; zeroed by each call)
 };
 // Whether static takes T = tokens: the device can run it and T·K <= kStaticMaxRoutes.
 bool static_supports(const MoeConfig& c, const StaticWorkspace& ws, int64_t tokens, std::string* why);

@@ -1,6 +1,5 @@
 // Launch of the static backend (src/kernels/static_moe.cuh): the generic path's routing and gather,
-// then FC1, FC2 and the top-k sum in one cooperative launch of dynamic's register-path CTA, a
-// programmatic dependent of the gather.
+// then FC1, FC2 and the top-k sum in one cooperative launch of dynamic's register-path CTA.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,9 +28,7 @@ StaticWorkspace::StaticWorkspace(int device) {
   barrier = DeviceBuffer(2 * sizeof(unsigned), "workspace.static_barrier");
   // m-tiles of at least 32 rows over at most kStaticMaxRoutes routes and kMaxExperts local experts.
   fc1_done = DeviceBuffer((kStaticMaxRoutes / 32 + kMaxExperts) * sizeof(unsigned), "workspace.static_fc1_done");
-  tickets = DeviceBuffer(sizeof(unsigned), "workspace.static_tickets");
   FP4MOE_CUDA_CHECK(cudaMemset(fc1_done.get(), 0, fc1_done.bytes()));  // each call leaves them zero
-  FP4MOE_CUDA_CHECK(cudaMemset(tickets.get(), 0, tickets.bytes()));
   FP4MOE_CUDA_CHECK(cudaMemset(barrier.get(), 0, barrier.bytes()));
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any stream uses it
 }
@@ -76,7 +73,6 @@ void launch_static(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace&
   p.combine = combine_params(c, gws, a);
   p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
   p.fc1_done = ws.fc1_done.get<unsigned>();
-  p.tickets = ws.tickets.get<unsigned>();
   p.watchdog = nullptr;  // pipeline waits without a time limit, as dynamic's production launches
   if (tile_m == 32) launch_static_bm<32>(p, ws.sms, a.stream);
   else launch_static_bm<64>(p, ws.sms, a.stream);

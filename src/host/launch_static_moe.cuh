@@ -48,21 +48,8 @@ void launch_static_bm(const kernels::static_moe::Params& p, int sms, cudaStream_
   const int per_sm = register_path_ctas_per_sm<BM>(f16);
   kernels::static_moe::Params args = p;
   void* argv[] = {&args};
-  // Cooperative (the grid barrier needs every CTA resident) and a programmatic dependent of the
-  // gather (its CTAs' set-up overlaps the gather's tail; static_kernel waits for it before reading).
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(sms * per_sm));
-  config.blockDim = dim3(kernels::static_moe::kThreads);
-  config.dynamicSmemBytes = dynamic_gemm_smem<BM>(f16);
-  config.stream = s;
-  config.attrs = attr;
-  config.numAttrs = 2;
-  FP4MOE_CUDA_CHECK(cudaLaunchKernelExC(&config, static_kernel_for<BM>(f16), argv));
+  FP4MOE_CUDA_CHECK(cudaLaunchCooperativeKernel(static_kernel_for<BM>(f16), dim3(static_cast<unsigned>(sms * per_sm)),
+                                                dim3(kernels::static_moe::kThreads), argv, dynamic_gemm_smem<BM>(f16), s));
 }
 
 #define FP4MOE_INSTANTIATE_STATIC(BM)                 \

@@ -4,25 +4,18 @@
 // warpgroups that dequantise the weights into wgmma A fragments), with one grid barrier
 // (common/grid_barrier.cuh) and per-m-tile counters:
 //
-//   items FC1's (m-tile × n-tile) and then FC2's, one queue: the producer takes the next by ticket
-//         (an atomic counter) once the item's first stage is free and tells the consumers through
-//         the stage (Smem::item); produce_item / consume_item of dynamic.cuh
-//   FC1   → A2; each item, once its epilogue has stored its A2 rows, adds 1 to its m-tile's
-//         counter (release)
-//   FC2   → Y (fp32, one row a route); an item's first copy waits for its m-tile's count to reach
-//         n1_tiles (acquire), so FC2 fills the SMs that FC1's last items leave idle, with no
-//         barrier between the GEMMs                                                  → barrier
+//   FC1   work items (m-tile × n-tile), produce / consume of dynamic.cuh → A2; each item, once its
+//         epilogue has stored its A2 rows, adds 1 to its m-tile's counter (release)
+//   FC2   work items on the same ring of stages → Y (fp32, one row a route); an item's first copy
+//         waits for its m-tile's count to reach n1_tiles (acquire), so FC2 fills the SMs that
+//         FC1's last wave leaves idle, with no barrier between the GEMMs             → barrier
 //   sum   out[t] = Σ_j Y[route_row[t, j]] in slot order (common/gather_combine.cuh combine4); CTA 0's
-//         producer warpgroup zeroes the call's counters and the ticket for the next call
+//         producer warpgroup zeroes the call's counters for the next call
 //
-// No deadlock: every FC1 ticket is handed out before any FC2 ticket, a CTA's items run in ticket
-// order, and FC1 items wait on nothing; so the FC1 items an FC2 item waits for are held by running
-// CTAs that finish them. The barrier before the sum needs every CTA resident: the launch is
-// cooperative. Tickets balance the CTAs' work to within one item: FC1 items stream k = H, FC2 items
-// k = I, so a fixed round-robin (CTA b takes items b, b + grid, …, until session 26) left a CTA with
-// one more FC1 and one more FC2 item than others. Which CTA runs an item changes nothing in its
-// result: graph-safe and deterministic. Until session 25 the routing ran in CTA 0 and the gather
-// grid-wide inside this launch, behind two more barriers, and FC1 and FC2 were separated by a third.
+// Safe without a barrier between the GEMMs because the launch is cooperative (every CTA resident)
+// and FC1 items wait on nothing. The tile assignment is fixed at launch (CTA b takes work items b,
+// b + grid, …): graph-safe. Until session 25 the routing ran in CTA 0 and the gather grid-wide
+// inside this launch, behind two more barriers, and FC1 and FC2 were separated by a third.
 // The GEMM core, the tile list, the epilogues and the top-k sum are dynamic's and generic's, so the
 // results are theirs bit for bit (same rows, same summation order), and deterministic.
 //
@@ -53,7 +46,6 @@ struct Params {
   GridBarrier barrier;
   unsigned* fc1_done;         // [max m-tiles]: FC1 items finished per m-tile (zero between calls: CTA 0
                               // resets the call's entries once every FC2 item has read them)
-  unsigned* tickets;          // [1]: items handed out (zero between calls: CTA 0 resets it after the barrier)
   int* watchdog;              // as dynamic's gemm_kernel (tests); null in production
 };
 
@@ -71,51 +63,24 @@ __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_ker
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   dk::Smem<BM, kF16>& sm = dk::aligned_smem<dk::Smem<BM, kF16>>(smem_raw);
   dk::start_cta(sm, p.fc1.nvfp4);
-  // A programmatic dependent of the routing and gather launch (launch_static_moe.cuh): the set-up
-  // above overlapped its tail; from here on its outputs are visible.
-  ptx::wait_prior_grids();
   const ptx::Watchdog wd{&sm.aborted, p.watchdog};
   const int tiles = *p.num_tiles;
-  const int work1 = tiles * p.n1_tiles, work = work1 + tiles * p.n2_tiles;  // FC1's items, then FC2's
-  constexpr int kRing = dk::Smem<BM, kF16>::kStages;
-  uint32_t it = 0;  // the ring's stages used so far, by both roles alike
+  uint32_t it = 0;  // the ring's stages used so far: FC2 continues where FC1 left the barriers' phases
   if (dk::take_role<BM, kF16>()) {
-    if (threadIdx.x == 0) {
-      // A1 came from the launches before this one (generic writes); the tensor copies read it through
-      // the async proxy. A2's writers fence per item (consume_item's `done`), this thread again
-      // (produce_item's `ready`).
-      ptx::fence_proxy_async_global();
-      for (;;) {
-        // The next item by ticket, taken once its first stage is free (a CTA holds no item it cannot
-        // start); the consumers learn it from the stage (sm.item), -1 when the tickets ran out.
-        const int s = it % kRing;
-        ptx::mbar_wait(&sm.empty[s], ((it / kRing) & 1) ^ 1, wd, dk::kWaitEmpty, it);
-        const int g = static_cast<int>(atomicAdd(p.tickets, 1u));
-        sm.item[s] = g < work ? g : -1;  // published by the arrival on "full" (release, CTA scope)
-        if (g >= work) {
-          ptx::mbar_arrive(&sm.full[s]);
-          break;
-        }
-        if (g < work1) dk::produce_item<true, BM, kF16>(p.fc1, &p.maps1, sm, p.n1_tiles, g, wd, it);
-        else
-          dk::produce_item<false, BM, kF16>(p.fc2, &p.maps2, sm, p.n2_tiles, g - work1, wd, it, p.fc1_done,
-                                            static_cast<unsigned>(p.n1_tiles));
-      }
-    }
-    grid_sync(p.barrier);  // every producer is past its last ticket and counter wait: reset both
-    if (blockIdx.x == 0) {
+    // A1 came from the launches before this one (generic writes); the tensor copies read it through
+    // the async proxy. A2's writers fence per item (consume's `done`), this thread again (produce's `ready`).
+    ptx::fence_proxy_async_global();
+    dk::produce<true, BM, kF16>(p.fc1, &p.maps1, sm, p.n1_tiles, tiles * p.n1_tiles, wd, it);
+    // No grid barrier between the GEMMs: an FC2 item starts once its m-tile's n1_tiles FC1 items have
+    // stored their A2 rows (fc1_done), so FC2 fills the SMs that FC1's last wave leaves idle.
+    dk::produce<false, BM, kF16>(p.fc2, &p.maps2, sm, p.n2_tiles, tiles * p.n2_tiles, wd, it, p.fc1_done,
+                                 static_cast<unsigned>(p.n1_tiles));
+    grid_sync(p.barrier);  // every FC2 producer is past its last counter wait: the next call's are zero
+    if (blockIdx.x == 0)
       for (int t = threadIdx.x; t < tiles; t += dk::kWarpgroup) p.fc1_done[t] = 0;
-      if (threadIdx.x == 0) *p.tickets = 0;
-    }
   } else {
-    for (;;) {
-      const int s = it % kRing;
-      ptx::mbar_wait(&sm.full[s], (it / kRing) & 1, wd, dk::kWaitFull, it);
-      const int g = *static_cast<volatile int*>(&sm.item[s]);
-      if (g < 0) break;
-      if (g < work1) dk::consume_item<true, BM, kF16>(p.fc1, *opaque(&sm), p.n1_tiles, g, wd, it, p.fc1_done);
-      else dk::consume_item<false, BM, kF16>(p.fc2, *opaque(&sm), p.n2_tiles, g - work1, wd, it);
-    }
+    dk::consume<true, BM, kF16>(p.fc1, *opaque(&sm), p.n1_tiles, tiles * p.n1_tiles, wd, it, p.fc1_done);
+    dk::consume<false, BM, kF16>(p.fc2, *opaque(&sm), p.n2_tiles, tiles * p.n2_tiles, wd, it);
     grid_sync(p.barrier);  // Y is complete
     // The top-k sum over the consumers of the grid: 4 columns of one token per thread.
     const int quads = p.combine.hidden / 4;
