@@ -31,7 +31,7 @@ namespace fp4moe::gpu {
 // write (kernels/common/ptx.cuh). dynamic's chain uses it (launch_dynamic.cu). Launch with
 // cudaLaunchKernelEx(&l.config, kernel, args...) or cudaLaunchKernelExC(&l.config, kernel, argv).
 struct DependentLaunch {
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];  // the second for a caller's own (static: cooperative)
   cudaLaunchConfig_t config;
   // dependent = false: an ordinary launch through the same call.
   DependentLaunch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool dependent = true) {

@@ -63,6 +63,9 @@ __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_ker
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   dk::Smem<BM, kF16>& sm = dk::aligned_smem<dk::Smem<BM, kF16>>(smem_raw);
   dk::start_cta(sm, p.fc1.nvfp4);
+  // A programmatic dependent of the gather (launch_static_moe.cuh): the set-up above overlapped its
+  // tail; from here on the routing's and the gather's outputs are visible.
+  ptx::wait_prior_grids();
   const ptx::Watchdog wd{&sm.aborted, p.watchdog};
   const int tiles = *p.num_tiles;
   uint32_t it = 0;  // the ring's stages used so far: FC2 continues where FC1 left the barriers' phases
