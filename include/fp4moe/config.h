@@ -30,8 +30,8 @@ enum class Backend : int {
   kGeneric,      // the general GPU path: routing pre-pass + grouped GEMMs + combine
   kDirectMicro,  // smallest decode: one cooperative launch, no routing pre-pass
   kMicro,        // small decode: not built; forcing it raises Unsupported
-  kStatic,       // one cooperative launch of dynamic's GEMM core (routing and combine inside), sm_90,
-                 // T·K <= 4096; forced only (as fast as dynamic on a16, slower on a4: README "Status")
+  kStatic,       // after the routing + gather launch, FC1, FC2 and the top-k sum in one cooperative launch of
+                 // dynamic's GEMM core, sm_90, T·K <= 4096; forced only (slower than dynamic: README "Status")
   kDynamic,      // prefill: persistent, warp-specialised
 };
 
