@@ -74,6 +74,7 @@ void launch_static(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace&
   p.barrier = {ws.barrier.get<unsigned>(), ws.barrier.get<unsigned>() + 1};
   p.fc1_done = ws.fc1_done.get<unsigned>();
   p.watchdog = nullptr;  // pipeline waits without a time limit, as dynamic's production launches
+  p.trace = a.trace;     // diagnostics only (GpuDiagnostics.DISABLED_StaticItems)
   if (tile_m == 32) launch_static_bm<32>(p, ws.sms, a.stream);
   else launch_static_bm<64>(p, ws.sms, a.stream);
 }

@@ -280,48 +280,55 @@ __device__ __forceinline__ int map_row_tile(const MoeGemmParams& p, const TileIn
   return ti.e * (p.w_rows / 16) + weight_row<BN>(p, kFc1, ti.y, 16 * j) / 16;
 }
 
-// The producer, thread 0 of its warpgroup (the other 127 return): per stage, once the consumers have
-// freed it, it announces the stage's bytes on "full" (constant: the activation box and 8 row tiles of
-// codes and scales, zeros included) and issues the tensor copies of the activation tile (rows row0..,
-// k = kt·64..) and of the n-tile's codes and scales (one box of 8 row tiles, or for a gated FC1 two
-// boxes of 4: the gate rows' and the up rows'). Everything completes on "full" with its bytes, so the
-// producer runs ahead as far as the ring allows.
+// The producer, thread 0 of its warpgroup (the other 127 return from produce): per stage of work item
+// w (produce_item), once the consumers have freed it, it announces the stage's bytes on "full"
+// (constant: the activation box and 8 row tiles of codes and scales, zeros included) and issues the
+// tensor copies of the activation tile (rows row0.., k = kt·64..) and of the n-tile's codes and
+// scales (one box of 8 row tiles, or for a gated FC1 two boxes of 4: the gate rows' and the up
+// rows'). Everything completes on "full" with its bytes, so the producer runs ahead as far as the
+// ring allows.
 // it: the ring's stages this thread has used so far (0 for the dynamic backend's one GEMM; the static
-// backend runs FC1 and then FC2 on one ring), advanced past this GEMM's; consume takes the same.
+// backend runs FC1's and FC2's items on one ring), advanced past the item's; the consumers count alike.
+// produce: CTA b's items b, b + grid, … of one GEMM (dynamic; static_moe.cuh runs FC1's and then FC2's).
 // ready (static's FC2, else null): before an item's first copy, wait until ready[its m-tile] reaches
 // `need` (FC1's items of that m-tile have all stored their A2 rows: consume's `done`), then fence
-// for the tensor copies that read them.
+// for the tensor copies that read them. started (static's trace, else null): the time past that wait.
 template <bool kFc1, int BM, bool kF16>
-__device__ __forceinline__ void produce(const MoeGemmParams& p, const TensorMaps* maps, Smem<BM, kF16>& sm, int n_tiles,
-                                        int work, const ptx::Watchdog& wd, uint32_t& it,
-                                        const unsigned* ready = nullptr, unsigned need = 0) {
-  if (threadIdx.x != 0) return;
+__device__ __forceinline__ void produce_item(const MoeGemmParams& p, const TensorMaps* maps, Smem<BM, kF16>& sm,
+                                             int n_tiles, int w, const ptx::Watchdog& wd, uint32_t& it,
+                                             const unsigned* ready = nullptr, unsigned need = 0,
+                                             unsigned long long* started = nullptr) {
   const int ktiles = p.k_pad / BK;
   const int scale_bytes = 16 * (64 / p.block);
   constexpr int kRing = Smem<BM, kF16>::kStages;
   constexpr uint32_t kCodeBytes = 32 * sizeof(uint4), kTileBytes = BM * BK * 2;
   const uint32_t stage_bytes = kTileBytes + kRowTiles * (kCodeBytes + static_cast<uint32_t>(scale_bytes));
   const bool halves = kFc1 && p.gated;  // two boxes of kRowTiles / 2 row tiles
-  for (int w = blockIdx.x; w < work; w += gridDim.x) {
-    const TileInfo ti = tile_info<BM>(p, w, n_tiles);
-    const int tile0 = map_row_tile<kFc1>(p, ti, 0), tile1 = map_row_tile<kFc1>(p, ti, kRowTiles / 2);
-    if (ready) {
-      while (ptx::ld_acquire_gpu(ready + w / n_tiles) < need) __nanosleep(32);
-      ptx::fence_proxy_async_global();  // the writers' A2 (generic proxy) → this CTA's tensor copies
-    }
-    for (int kt = 0; kt < ktiles; ++kt, ++it) {
-      const int s = it % kRing;
-      ptx::mbar_wait(&sm.empty[s], ((it / kRing) & 1) ^ 1, wd, kWaitEmpty, it);
-      ptx::mbar_arrive_expect_tx(&sm.full[s], stage_bytes);  // before the copies it announces
-      ptx::tma_load_2d(sm.a[s], &maps->a, kt * BK, ti.row0, &sm.full[s]);
-      ptx::tma_load_3d(sm.w[s][0], &maps->codes, 0, kt, tile0, &sm.full[s]);
-      ptx::tma_load_3d(&sm.ws[s][0], &maps->scales, 0, kt, tile0, &sm.full[s]);
-      if (halves) {
-        ptx::tma_load_3d(sm.w[s][kRowTiles / 2], &maps->codes, 0, kt, tile1, &sm.full[s]);
-        ptx::tma_load_3d(&sm.ws[s][kRowTiles / 2 * scale_bytes], &maps->scales, 0, kt, tile1, &sm.full[s]);
-      }
+  const TileInfo ti = tile_info<BM>(p, w, n_tiles);
+  const int tile0 = map_row_tile<kFc1>(p, ti, 0), tile1 = map_row_tile<kFc1>(p, ti, kRowTiles / 2);
+  if (ready) {
+    while (ptx::ld_acquire_gpu(ready + w / n_tiles) < need) __nanosleep(32);
+    ptx::fence_proxy_async_global();  // the writers' A2 (generic proxy) → this CTA's tensor copies
+  }
+  if (started) *started = ptx::globaltimer_ns();  // diagnostics (static's trace)
+  for (int kt = 0; kt < ktiles; ++kt, ++it) {
+    const int s = it % kRing;
+    ptx::mbar_wait(&sm.empty[s], ((it / kRing) & 1) ^ 1, wd, kWaitEmpty, it);
+    ptx::mbar_arrive_expect_tx(&sm.full[s], stage_bytes);  // before the copies it announces
+    ptx::tma_load_2d(sm.a[s], &maps->a, kt * BK, ti.row0, &sm.full[s]);
+    ptx::tma_load_3d(sm.w[s][0], &maps->codes, 0, kt, tile0, &sm.full[s]);
+    ptx::tma_load_3d(&sm.ws[s][0], &maps->scales, 0, kt, tile0, &sm.full[s]);
+    if (halves) {
+      ptx::tma_load_3d(sm.w[s][kRowTiles / 2], &maps->codes, 0, kt, tile1, &sm.full[s]);
+      ptx::tma_load_3d(&sm.ws[s][kRowTiles / 2 * scale_bytes], &maps->scales, 0, kt, tile1, &sm.full[s]);
     }
   }
+}
+template <bool kFc1, int BM, bool kF16>
+__device__ __forceinline__ void produce(const MoeGemmParams& p, const TensorMaps* maps, Smem<BM, kF16>& sm, int n_tiles,
+                                        int work, const ptx::Watchdog& wd, uint32_t& it) {
+  if (threadIdx.x != 0) return;
+  for (int w = blockIdx.x; w < work; w += gridDim.x) produce_item<kFc1, BM, kF16>(p, maps, sm, n_tiles, w, wd, it);
 }
 
 // Consumer warpgroup c (0 or 1): weight rows [64c, 64c + 64) of each n-tile against all BM routed
@@ -337,8 +344,8 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, const TensorMaps
 // thread fences them for the async proxy, and once both consumers have (named barrier 1) one thread
 // adds 1 to done[its m-tile] with release semantics (produce's `ready`).
 template <bool kFc1, int BM, bool kF16>
-__device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, int work,
-                                        const ptx::Watchdog& wd, uint32_t& it, unsigned* done = nullptr) {
+__device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, int w,
+                                             const ptx::Watchdog& wd, uint32_t& it, unsigned* done = nullptr) {
   const int c = threadIdx.x / kWarpgroup - 1;
   const int t = threadIdx.x % kWarpgroup, warp = t >> 5, lane = t & 31;
   const int ct = threadIdx.x - kWarpgroup;  // 0..255: this thread among both consumers (epilogue)
@@ -349,7 +356,7 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
   constexpr int kRing = Smem<BM, kF16>::kStages;
   // Stage s's operands lie constant strides past stage 0's: this lane's codes, its row tile's scale
   // bytes, the activation tile's descriptor (its address field counts 16-byte units; shared
-  // addresses stay below 2^18, so nothing carries out of it). Taken once here, so a stage adds
+  // addresses stay below 2^18, so nothing carries out of it). Taken once an item, so a stage adds
   // s · stride instead of converting generic pointers and rebuilding the descriptor (~20 of a BM = 32
   // stage's ~150 instructions, NOTES session 12).
   const uint32_t w_addr0 = ptx::smem_addr(&sm.w[0][j][lane]), ws_addr0 = ptx::smem_addr(&sm.ws[0][j * 16 * sb]);
@@ -359,76 +366,80 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
   float acc[BM / 2];
 #pragma unroll
   for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
-  for (int w = blockIdx.x; w < work; w += gridDim.x) {
-    const TileInfo ti = tile_info<BM>(p, w, n_tiles);
-    const float rw = kFc1 || ct >= BM ? 0.0f : router_weight(p, ti, ct);
-    // FC2's alpha here, with the router weight (FC1's in the epilogue: its consumers have no load at the
-    // tile's start to share the wait for the tile's expert with); 3.6 % of FC2's stall samples were on
-    // it in the epilogue (NOTES session 23).
-    const float alpha = kFc1 ? 0.0f : expert_alpha<kF16>(p, ti.e);
-    // Two sets of A fragments: while stage kt - 1's MMAs run, the warpgroup dequantises stage kt into
-    // the other set; wgmma_wait<1> then frees stage kt - 1's set and its stage (tile and weights).
-    uint32_t a0[4][4], a1[4][4];
-    auto stage = [&](int kt, uint32_t (&a)[4][4]) {
-      const int s = it % kRing;
-      ptx::mbar_wait(&sm.full[s], (it / kRing) & 1, wd, kWaitFull, it);
-      // A row tile past w_rows takes no branch: with one, ptxas zeroed the 16 fragment registers
-      // before it on every stage (8 CS2R and the branch's BSSY/BSYNC/BRA: ~11 of a BM = 32 stage's
-      // ~160 instructions, NOTES session 12); with a select of a zeroed block and a stride of 0, the
-      // runtime strides cost ~15 a stage (session 16).
-      const uint4 codes = ptx::ld_shared_v4(w_addr0 + s * kWStride);  // one LDS.128
-      uint32_t slo, shi;
-      frag_scales_smem(ws_addr0 + s * kWsStride, sb, slo, shi);
-      const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
-      if constexpr (kF16) {
-        const F16Scales f16s = frag_scales_f16(slo, shi);
+  const TileInfo ti = tile_info<BM>(p, w, n_tiles);
+  const float rw = kFc1 || ct >= BM ? 0.0f : router_weight(p, ti, ct);
+  // FC2's alpha here, with the router weight (FC1's in the epilogue: its consumers have no load at the
+  // tile's start to share the wait for the tile's expert with); 3.6 % of FC2's stall samples were on
+  // it in the epilogue (NOTES session 23).
+  const float alpha = kFc1 ? 0.0f : expert_alpha<kF16>(p, ti.e);
+  // Two sets of A fragments: while stage kt - 1's MMAs run, the warpgroup dequantises stage kt into
+  // the other set; wgmma_wait<1> then frees stage kt - 1's set and its stage (tile and weights).
+  uint32_t a0[4][4], a1[4][4];
+  auto stage = [&](int kt, uint32_t (&a)[4][4]) {
+    const int s = it % kRing;
+    ptx::mbar_wait(&sm.full[s], (it / kRing) & 1, wd, kWaitFull, it);
+    // A row tile past w_rows takes no branch: with one, ptxas zeroed the 16 fragment registers
+    // before it on every stage (8 CS2R and the branch's BSSY/BSYNC/BRA: ~11 of a BM = 32 stage's
+    // ~160 instructions, NOTES session 12); with a select of a zeroed block and a stride of 0, the
+    // runtime strides cost ~15 a stage (session 16).
+    const uint4 codes = ptx::ld_shared_v4(w_addr0 + s * kWStride);  // one LDS.128
+    uint32_t slo, shi;
+    frag_scales_smem(ws_addr0 + s * kWsStride, sb, slo, shi);
+    const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+    if constexpr (kF16) {
+      const F16Scales f16s = frag_scales_f16(slo, shi);
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) frag_a_f16(words[ks], f16s, ks, a[ks]);
-      } else {
+      for (int ks = 0; ks < 4; ++ks) frag_a_f16(words[ks], f16s, ks, a[ks]);
+    } else {
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) frag_a_bf16(lut, words[ks], slo, shi, ks, a[ks]);
-      }
-      // No proxy fence here: the stage was written by the async proxy (tensor and bulk copies) and
-      // completed "full", whose wait makes it visible to this thread and to its wgmma.
-      ptx::fence_operand(acc);
-      ptx::wgmma_fence();
-      // The stage's k16 steps lie 32 bytes apart in the swizzled rows (operand_desc_sw128): added to
-      // the descriptor's address field (16-byte units; shared addresses stay below 2^18, so nothing
-      // carries out of it) instead of building each descriptor (~5 uniform instructions per wgmma).
-      const uint64_t desc0 = desc_base + s * kDescStride;
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) ptx::mma_m64nNk16_rs<BM, kF16>(acc, a[ks], desc0 + 2 * ks, (kt | ks) != 0);
-      ptx::wgmma_commit();
-      ptx::fence_operand(acc);
-      ptx::wgmma_wait<1>();  // stage kt - 1's group is done: its A set and tile are free
-      ptx::fence_operand(acc);
-      if (kt > 0) ptx::mbar_arrive(&sm.empty[(it - 1) % kRing]);
-      ++it;
-    };
-    // Pairs of stages, then an odd last one, so that every path writes a set only after the wait
-    // that retired its previous wgmma group. With the second stage of the pair conditional instead,
-    // ptxas saw a path (skip it, loop) on which a0 is rewritten while its group may run, and
-    // serialised every wgmma of the kernel (warning C7513; a wait after each HGMMA, the four k16
-    // steps' conversions interleaved between them in the same four registers). It did so in every
-    // register-path kernel without the row-tile branch above (NOTES session 12).
-    int kt = 0;
-    for (; kt + 1 < ktiles; kt += 2) {
-      stage(kt, a0);
-      stage(kt + 1, a1);
+      for (int ks = 0; ks < 4; ++ks) frag_a_bf16(lut, words[ks], slo, shi, ks, a[ks]);
     }
-    if (kt < ktiles) stage(kt, a0);
-    ptx::wgmma_wait<0>();
+    // No proxy fence here: the stage was written by the async proxy (tensor and bulk copies) and
+    // completed "full", whose wait makes it visible to this thread and to its wgmma.
     ptx::fence_operand(acc);
-    ptx::mbar_arrive(&sm.empty[(it - 1) % kRing]);
-
-    if (!kFc1 && ct < BM) sm.rw[ct] = rw;  // read after finish_tile's first barrier
-    finish_tile<kFc1, BM, kF16>(p, ti, kFc1 ? expert_alpha<kF16>(p, ti.e) : alpha, acc, sm.c, c, t, ct, sm.rw);
-    if (done) {
-      ptx::fence_proxy_async_global();
-      ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
-      if (ct == 0) ptx::red_release_gpu_add(done + w / n_tiles, 1);
-    }
+    ptx::wgmma_fence();
+    // The stage's k16 steps lie 32 bytes apart in the swizzled rows (operand_desc_sw128): added to
+    // the descriptor's address field (16-byte units; shared addresses stay below 2^18, so nothing
+    // carries out of it) instead of building each descriptor (~5 uniform instructions per wgmma).
+    const uint64_t desc0 = desc_base + s * kDescStride;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) ptx::mma_m64nNk16_rs<BM, kF16>(acc, a[ks], desc0 + 2 * ks, (kt | ks) != 0);
+    ptx::wgmma_commit();
+    ptx::fence_operand(acc);
+    ptx::wgmma_wait<1>();  // stage kt - 1's group is done: its A set and tile are free
+    ptx::fence_operand(acc);
+    if (kt > 0) ptx::mbar_arrive(&sm.empty[(it - 1) % kRing]);
+    ++it;
+  };
+  // Pairs of stages, then an odd last one, so that every path writes a set only after the wait
+  // that retired its previous wgmma group. With the second stage of the pair conditional instead,
+  // ptxas saw a path (skip it, loop) on which a0 is rewritten while its group may run, and
+  // serialised every wgmma of the kernel (warning C7513; a wait after each HGMMA, the four k16
+  // steps' conversions interleaved between them in the same four registers). It did so in every
+  // register-path kernel without the row-tile branch above (NOTES session 12).
+  int kt = 0;
+  for (; kt + 1 < ktiles; kt += 2) {
+    stage(kt, a0);
+    stage(kt + 1, a1);
   }
+  if (kt < ktiles) stage(kt, a0);
+  ptx::wgmma_wait<0>();
+  ptx::fence_operand(acc);
+  ptx::mbar_arrive(&sm.empty[(it - 1) % kRing]);
+
+  if (!kFc1 && ct < BM) sm.rw[ct] = rw;  // read after finish_tile's first barrier
+  finish_tile<kFc1, BM, kF16>(p, ti, kFc1 ? expert_alpha<kF16>(p, ti.e) : alpha, acc, sm.c, c, t, ct, sm.rw);
+  if (done) {
+    ptx::fence_proxy_async_global();
+    ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
+    if (ct == 0) ptx::red_release_gpu_add(done + w / n_tiles, 1);
+  }
+}
+// CTA b's items b, b + grid, … of one GEMM (dynamic; static_moe.cuh runs FC1's and then FC2's).
+template <bool kFc1, int BM, bool kF16>
+__device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, int work,
+                                        const ptx::Watchdog& wd, uint32_t& it) {
+  for (int w = blockIdx.x; w < work; w += gridDim.x) consume_item<kFc1, BM, kF16>(p, sm, n_tiles, w, wd, it);
 }
 
 // A register-path CTA's start (dynamic's gemm_kernel, static's static_kernel), all threads: the

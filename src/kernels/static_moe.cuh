@@ -47,7 +47,28 @@ struct Params {
   unsigned* fc1_done;         // [max m-tiles]: FC1 items finished per m-tile (zero between calls: CTA 0
                               // resets the call's entries once every FC2 item has read them)
   int* watchdog;              // as dynamic's gemm_kernel (tests); null in production
+  unsigned long long* trace;  // diagnostics (RunArgs::trace): [grid][kTraceSlots], zeroed by the caller; null
+                              // in production
 };
+
+// The trace of a CTA (Params::trace), %globaltimer ns: kernel entry and past the gather's wait
+// (producer thread), the consumers' end of FC1's items, of FC2's, past the grid barrier and at the
+// end; the CTA's %smid and its FC1 | FC2 << 16 item counts; then for each of its first kTraceItems
+// items (FC1's, then FC2's) the producer's start of the item, its first copy (past the counter wait
+// of an FC2 item) and the consumers' end of the item. GpuDiagnostics.DISABLED_StaticItems reads it.
+enum : int {
+  kTraceEntry,
+  kTraceWaited,
+  kTraceFc1End,
+  kTraceFc2End,
+  kTraceBarrier,
+  kTraceEnd,
+  kTraceSm,
+  kTraceItemCounts,
+  kTraceHead
+};
+inline constexpr int kTraceItems = 24;
+inline constexpr int kTraceSlots = kTraceHead + 3 * kTraceItems;
 
 // The same pointer, which the compiler can no longer see through: each GEMM phase derives its
 // shared-memory addresses anew instead of keeping FC1's live through FC1's epilogues into FC2 (with
@@ -58,33 +79,78 @@ __device__ __forceinline__ T* opaque(T* q) {
   return q;
 }
 
+// Writes stamp v at slot `slot` of this CTA's trace, if tracing.
+__device__ __forceinline__ void trace_at(const Params& p, int slot, unsigned long long v) {
+  if (p.trace) p.trace[static_cast<int64_t>(blockIdx.x) * kTraceSlots + slot] = v;
+}
+// Slot of stamp `part` (0 producer start, 1 first copy, 2 consumers' end) of the CTA's item i < kTraceItems.
+__device__ __forceinline__ int item_slot(int i, int part) { return kTraceHead + 3 * i + part; }
+// Its address, or null when not tracing or past kTraceItems.
+__device__ __forceinline__ unsigned long long* trace_ptr(const Params& p, int i, int part) {
+  return p.trace && i < kTraceItems ? p.trace + static_cast<int64_t>(blockIdx.x) * kTraceSlots + item_slot(i, part)
+                                    : nullptr;
+}
+
 template <int BM, bool kF16>
 __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   dk::Smem<BM, kF16>& sm = dk::aligned_smem<dk::Smem<BM, kF16>>(smem_raw);
+  if (threadIdx.x == 0) trace_at(p, kTraceEntry, ptx::globaltimer_ns());
   dk::start_cta(sm, p.fc1.nvfp4);
   // A programmatic dependent of the gather (launch_static_moe.cuh): the set-up above overlapped its
   // tail; from here on the routing's and the gather's outputs are visible.
   ptx::wait_prior_grids();
   const ptx::Watchdog wd{&sm.aborted, p.watchdog};
   const int tiles = *p.num_tiles;
+  const int work1 = tiles * p.n1_tiles, work2 = tiles * p.n2_tiles;
+  // This CTA's items b, b + grid, … of FC1, then of FC2, counted alike by both roles (trace slots).
+  const int b = blockIdx.x, g = gridDim.x;
   uint32_t it = 0;  // the ring's stages used so far: FC2 continues where FC1 left the barriers' phases
   if (dk::take_role<BM, kF16>()) {
-    // A1 came from the launches before this one (generic writes); the tensor copies read it through
-    // the async proxy. A2's writers fence per item (consume's `done`), this thread again (produce's `ready`).
-    ptx::fence_proxy_async_global();
-    dk::produce<true, BM, kF16>(p.fc1, &p.maps1, sm, p.n1_tiles, tiles * p.n1_tiles, wd, it);
-    // No grid barrier between the GEMMs: an FC2 item starts once its m-tile's n1_tiles FC1 items have
-    // stored their A2 rows (fc1_done), so FC2 fills the SMs that FC1's last wave leaves idle.
-    dk::produce<false, BM, kF16>(p.fc2, &p.maps2, sm, p.n2_tiles, tiles * p.n2_tiles, wd, it, p.fc1_done,
-                                 static_cast<unsigned>(p.n1_tiles));
+    if (threadIdx.x == 0) {
+      trace_at(p, kTraceWaited, ptx::globaltimer_ns());
+      if (p.trace) {
+        unsigned smid;
+        asm("mov.u32 %0, %%smid;" : "=r"(smid));
+        const int n1 = b < work1 ? (work1 - b + g - 1) / g : 0, n2 = b < work2 ? (work2 - b + g - 1) / g : 0;
+        trace_at(p, kTraceSm, smid);
+        trace_at(p, kTraceItemCounts, static_cast<unsigned long long>(n1) | static_cast<unsigned long long>(n2) << 16);
+      }
+      // A1 came from the launches before this one (generic writes); the tensor copies read it through
+      // the async proxy. A2's writers fence per item (consume_item's `done`), this thread again
+      // (produce_item's `ready`).
+      ptx::fence_proxy_async_global();
+      int i = 0;
+      for (int w = b; w < work1; w += g, ++i) {
+        if (p.trace && i < kTraceItems) trace_at(p, item_slot(i, 0), ptx::globaltimer_ns());
+        dk::produce_item<true, BM, kF16>(p.fc1, &p.maps1, sm, p.n1_tiles, w, wd, it, nullptr, 0, trace_ptr(p, i, 1));
+      }
+      // No grid barrier between the GEMMs: an FC2 item starts once its m-tile's n1_tiles FC1 items have
+      // stored their A2 rows (fc1_done), so FC2 fills the SMs that FC1's last wave leaves idle.
+      for (int w = b; w < work2; w += g, ++i) {
+        if (p.trace && i < kTraceItems) trace_at(p, item_slot(i, 0), ptx::globaltimer_ns());
+        dk::produce_item<false, BM, kF16>(p.fc2, &p.maps2, sm, p.n2_tiles, w, wd, it, p.fc1_done,
+                                          static_cast<unsigned>(p.n1_tiles), trace_ptr(p, i, 1));
+      }
+    }
     grid_sync(p.barrier);  // every FC2 producer is past its last counter wait: the next call's are zero
     if (blockIdx.x == 0)
       for (int t = threadIdx.x; t < tiles; t += dk::kWarpgroup) p.fc1_done[t] = 0;
   } else {
-    dk::consume<true, BM, kF16>(p.fc1, *opaque(&sm), p.n1_tiles, tiles * p.n1_tiles, wd, it, p.fc1_done);
-    dk::consume<false, BM, kF16>(p.fc2, *opaque(&sm), p.n2_tiles, tiles * p.n2_tiles, wd, it);
+    const bool stamp = p.trace && threadIdx.x == dk::kWarpgroup;  // the consumers' first thread
+    int i = 0;
+    for (int w = b; w < work1; w += g, ++i) {
+      dk::consume_item<true, BM, kF16>(p.fc1, *opaque(&sm), p.n1_tiles, w, wd, it, p.fc1_done);
+      if (stamp && i < kTraceItems) trace_at(p, item_slot(i, 2), ptx::globaltimer_ns());
+    }
+    if (stamp) trace_at(p, kTraceFc1End, ptx::globaltimer_ns());
+    for (int w = b; w < work2; w += g, ++i) {
+      dk::consume_item<false, BM, kF16>(p.fc2, *opaque(&sm), p.n2_tiles, w, wd, it);
+      if (stamp && i < kTraceItems) trace_at(p, item_slot(i, 2), ptx::globaltimer_ns());
+    }
+    if (stamp) trace_at(p, kTraceFc2End, ptx::globaltimer_ns());
     grid_sync(p.barrier);  // Y is complete
+    if (stamp) trace_at(p, kTraceBarrier, ptx::globaltimer_ns());
     // The top-k sum over the consumers of the grid: 4 columns of one token per thread.
     const int quads = p.combine.hidden / 4;
     const int64_t n = static_cast<int64_t>(p.tokens) * quads;
@@ -92,6 +158,7 @@ __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_ker
     for (int64_t q = static_cast<int64_t>(blockIdx.x) * dk::kConsumers * dk::kWarpgroup + threadIdx.x - dk::kWarpgroup;
          q < n; q += stride)
       generic::combine4(p.combine, static_cast<int>(q / quads), static_cast<int>(q % quads) * 4);
+    if (stamp) trace_at(p, kTraceEnd, ptx::globaltimer_ns());
   }
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/diag_util.cuh"
 #include "gpu/gpu_util.h"
 #include "host/gpu_backend.h"
 #include "host/launch.h"
@@ -22,20 +23,7 @@ namespace {
 
 using testgpu::DeviceArray;
 
-// Evicts the weights from L2 the way the bench does: stream an unrelated buffer of 4× the L2.
-__global__ void flush_read(const uint4* p, size_t n, unsigned* sink) {
-  unsigned acc = 0;
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    acc ^= __ldcs(p + i).x;
-  if (acc == 0x12345678u) *sink = acc;  // keeps the loads; practically never taken
-}
-
-// Busy every SM for `ns` nanoseconds, so the clocks are up when the traced launch runs.
-__global__ void spin(unsigned long long ns) {
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < ns);
-}
+using testgpu::spin;
 
 // Two lines per launch: the last CTA at each stamp, µs after the first CTA started (fc2: also the
 // mean); then the per-CTA time sums (mean and max over CTAs, µs).
@@ -104,13 +92,7 @@ void print_phases(const char* what, const std::vector<unsigned long long>& t, in
 TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
   REQUIRE_GPU();
   constexpr int kSlots = gpu::kDirectMicroTraceSlots;
-  int dev = 0, l2 = 0;
-  GPU_CHECK(cudaGetDevice(&dev));
-  GPU_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-  const size_t flush_n = 4 * static_cast<size_t>(l2) / sizeof(uint4);
-  DeviceArray<uint4> flush_buf(flush_n);
-  DeviceArray<unsigned> sink(1);
-  GPU_CHECK(cudaMemset(flush_buf.get(), 0x5A, flush_n * sizeof(uint4)));
+  const testgpu::L2Flusher flusher;
   // qwen3-30b-a3b also in a16 (the bf16 variant): a16 reads 10-30 % slower than a4 at T = 1 (36.3
   // against 28.0 us, s18b) though the two dequantisation loops run at parity (DequantRate).
   const std::pair<const char*, ActMode> runs[] = {
@@ -196,7 +178,7 @@ TEST(GpuDiagnostics, DISABLED_DirectMicroPhases) {
         ws.fc2_parts = r.parts;
         ws.fc2_parts_wide = r.parts_wide;
         spin<<<ws.grid, 32>>>(20'000'000ull);  // the host work between launches let the GPU idle
-        if (r.flush) flush_read<<<1056, 256>>>(flush_buf.get(), flush_n, sink.get());
+        if (r.flush) flusher.run();
         else gpu::launch_direct_micro(c, *w, ws, gpu::RunArgs{a.x, a.ids, a.ids_type, a.topk_weights, a.out, T, nullptr});
         GPU_CHECK(cudaGetLastError());
         GPU_CHECK(cudaMemset(trace.get(), 0, static_cast<size_t>(ws.grid) * kSlots * sizeof(unsigned long long)));
