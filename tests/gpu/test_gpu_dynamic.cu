@@ -776,5 +776,43 @@ TEST(GpuDiagnostics, DISABLED_RegisterPathStreamProbe) {
         kProbeSmem<16, false, false>, codes_only);
 }
 
+
+// What limits one register-path CTA's stage rate at decode sizes (session 26: static's items took
+// ~0.5 µs a 64-k stage at qwen3-30b-a3b T = 2 and T = 16 alike, and no faster with the weights in L2).
+// The same stream (qwen3-30b-a3b FC1's shape, 88 experts, 1056 items of 32 stages) over grids of 16
+// to 264 CTAs, the real GEMM (gemm_kernel, f16, 32-row m-tiles) and the producer with a ring alone
+// (stream_probe_kernel: one thread's copies, a consumer lane that frees each stage at once), printed
+// as µs a stage a CTA. With 16 CTAs HBM is far from busy: if the ring alone still takes ~0.5 µs a
+// stage, one thread's copies are the limit (then fewer, larger copies a stage would pay); if it is
+// several times faster while the GEMM is not, the consumers' stage chain is.
+TEST(GpuDiagnostics, DISABLED_RegisterPathStagePerCta) {
+  REQUIRE_SM90();
+  namespace dk = kernels::dynamic;
+  constexpr int E = 88, BM = 32;
+  int tiles = 0;
+  const GemmDeviceCase dc = stream_case(E, 26, tiles);
+  const kernels::MoeGemmParams& p = dc.p;
+  gpu::DynamicWorkspace ws(0);  // opts gemm_kernel into its shared memory
+  ASSERT_TRUE(ws.unsupported.empty()) << ws.unsupported;
+  const int n_tiles = gpu::dynamic_n_tiles(p, /*fc1=*/false), work = tiles * n_tiles, ktiles = p.k_pad / dk::BK;
+  const dk::TensorMaps maps = gpu::register_path_maps(p, BM, /*fc1=*/false);
+  constexpr size_t kGemmSmem = dk::smem_bytes<BM, true>, kProbe = kProbeSmem<8, true, true>;
+  auto* probe = stream_probe_kernel<8, 2, true, true, false>;
+  GPU_CHECK(cudaFuncSetAttribute(probe, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kProbe)));
+  for (const int grid : {16, 66, 132, 264}) {
+    std::array<float, 2> best{};
+    best_of_two_ms(
+        3,
+        [&](int part) {
+          if (part == 0) dk::gemm_kernel<false, BM, true><<<grid, dk::kThreads, kGemmSmem>>>(p, maps, n_tiles, nullptr);
+          else probe<<<grid, 64, kProbe>>>(p, maps, n_tiles);
+        },
+        best);
+    const double stages = static_cast<double>((work + grid - 1) / grid) * ktiles;  // the busiest CTA's
+    std::printf("[stage per CTA] %3d CTAs, %4.0f stages each: GEMM %8.1f us (%.3f us a stage), producer and ring "
+                "alone %8.1f us (%.3f us a stage)\n",
+                grid, stages, best[0] * 1e3, best[0] * 1e3 / stages, best[1] * 1e3, best[1] * 1e3 / stages);
+  }
+}
 }  // namespace
 }  // namespace fp4moe
