@@ -792,19 +792,22 @@ TEST(GpuDiagnostics, DISABLED_RegisterPathStagePerCta) {
   int tiles = 0;
   const GemmDeviceCase dc = stream_case(E, 26, tiles);
   const kernels::MoeGemmParams& p = dc.p;
-  gpu::DynamicWorkspace ws(0);  // opts gemm_kernel into its shared memory
-  ASSERT_TRUE(ws.unsupported.empty()) << ws.unsupported;
   const int n_tiles = gpu::dynamic_n_tiles(p, /*fc1=*/false), work = tiles * n_tiles, ktiles = p.k_pad / dk::BK;
   const dk::TensorMaps maps = gpu::register_path_maps(p, BM, /*fc1=*/false);
   constexpr size_t kGemmSmem = dk::smem_bytes<BM, true>, kProbe = kProbeSmem<8, true, true>;
   auto* probe = stream_probe_kernel<8, 2, true, true, false>;
+  auto* gemm = dk::gemm_kernel<false, BM, true>;  // this file's instance: opted in here, not by the workspace
   GPU_CHECK(cudaFuncSetAttribute(probe, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kProbe)));
+  GPU_CHECK(cudaFuncSetAttribute(gemm, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kGemmSmem)));
+  cudaFuncAttributes attr{};
+  GPU_CHECK(cudaFuncGetAttributes(&attr, gemm));
+  ASSERT_EQ(attr.numRegs, (dk::kLaunchRegs<BM, true>)) << "gemm_kernel's setmaxnreg would wait forever";
   for (const int grid : {16, 66, 132, 264}) {
     std::array<float, 2> best{};
     best_of_two_ms(
         3,
         [&](int part) {
-          if (part == 0) dk::gemm_kernel<false, BM, true><<<grid, dk::kThreads, kGemmSmem>>>(p, maps, n_tiles, nullptr);
+          if (part == 0) gemm<<<grid, dk::kThreads, kGemmSmem>>>(p, maps, n_tiles, nullptr);
           else probe<<<grid, 64, kProbe>>>(p, maps, n_tiles);
         },
         best);
