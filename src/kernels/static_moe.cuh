@@ -4,7 +4,7 @@
 // warpgroups that dequantise the weights into wgmma A fragments), with one grid barrier
 // (common/grid_barrier.cuh) and per-m-tile counters:
 //
-//   FC1   work items (m-tile × n-tile), produce_item / consume_item of dynamic.cuh → A2; each item, once its
+//   FC1   work items (m-tile × n-tile), produce / consume of dynamic.cuh → A2; each item, once its
 //         epilogue has stored its A2 rows, adds 1 to its m-tile's counter (release)
 //   FC2   work items on the same ring of stages → Y (fp32, one row a route); an item's first copy
 //         waits for its m-tile's count to reach n1_tiles (acquire), so FC2 fills the SMs that
@@ -12,15 +12,10 @@
 //   sum   out[t] = Σ_j Y[route_row[t, j]] in slot order (common/gather_combine.cuh combine4); CTA 0's
 //         producer warpgroup zeroes the call's counters for the next call
 //
-// The tile assignment is fixed at launch: one cycle over FC1's items and then FC2's, CTA b taking
-// items b, b + grid, … of it, so the CTAs that drew one FC1 item fewer draw the first FC2 items
-// (session 26's trace: FC1 and FC2 each cycled from CTA 0 left the CTAs holding an extra FC1 item also
-// holding the extra FC2 items, their FC2 ending ~20 µs after the first CTA's at qwen3-30b-a3b T = 16).
-// Graph-safe. Safe without a barrier between the GEMMs because the launch is cooperative (every CTA
-// resident), each CTA runs all its FC1 items before its FC2 items, and FC1 items wait on nothing.
-// Items taken by an atomic ticket instead measured 10-23 % slower (session 26, not understood; the
-// trace below is the tool to find out). Until session 25 the routing ran in CTA 0 and the gather
-// grid-wide inside this launch, behind two more barriers, and FC1 and FC2 were separated by a third.
+// Safe without a barrier between the GEMMs because the launch is cooperative (every CTA resident)
+// and FC1 items wait on nothing. The tile assignment is fixed at launch (CTA b takes work items b,
+// b + grid, …): graph-safe. Until session 25 the routing ran in CTA 0 and the gather grid-wide
+// inside this launch, behind two more barriers, and FC1 and FC2 were separated by a third.
 // The GEMM core, the tile list, the epilogues and the top-k sum are dynamic's and generic's, so the
 // results are theirs bit for bit (same rows, same summation order), and deterministic.
 //
@@ -108,7 +103,7 @@ __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_ker
   const ptx::Watchdog wd{&sm.aborted, p.watchdog};
   const int tiles = *p.num_tiles;
   const int work1 = tiles * p.n1_tiles, work2 = tiles * p.n2_tiles;
-  // This CTA's items b, b + grid, … of one cycle over FC1's and then FC2's, counted alike by both roles.
+  // This CTA's items b, b + grid, … of FC1, then of FC2, counted alike by both roles (trace slots).
   const int b = blockIdx.x, g = gridDim.x;
   uint32_t it = 0;  // the ring's stages used so far: FC2 continues where FC1 left the barriers' phases
   if (dk::take_role<BM, kF16>()) {
@@ -117,8 +112,7 @@ __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_ker
       if (p.trace) {
         unsigned smid;
         asm("mov.u32 %0, %%smid;" : "=r"(smid));
-        const int n1 = b < work1 ? (work1 - b + g - 1) / g : 0;
-        const int n2 = (b < work1 + work2 ? (work1 + work2 - b + g - 1) / g : 0) - n1;
+        const int n1 = b < work1 ? (work1 - b + g - 1) / g : 0, n2 = b < work2 ? (work2 - b + g - 1) / g : 0;
         trace_at(p, kTraceSm, smid);
         trace_at(p, kTraceItemCounts, static_cast<unsigned long long>(n1) | static_cast<unsigned long long>(n2) << 16);
       }
@@ -126,17 +120,17 @@ __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_ker
       // the async proxy. A2's writers fence per item (consume_item's `done`), this thread again
       // (produce_item's `ready`).
       ptx::fence_proxy_async_global();
-      // One cycle over FC1's items and then FC2's (item v < work1: FC1's v, else FC2's v − work1), so
-      // the CTAs that drew one FC1 item fewer draw the first FC2 items.
       int i = 0;
-      for (int v = b; v < work1 + work2; v += g, ++i) {
+      for (int w = b; w < work1; w += g, ++i) {
         if (p.trace && i < kTraceItems) trace_at(p, item_slot(i, 0), ptx::globaltimer_ns());
-        if (v < work1) dk::produce_item<true, BM, kF16>(p.fc1, &p.maps1, sm, p.n1_tiles, v, wd, it, nullptr, 0, trace_ptr(p, i, 1));
-        else
-          // No grid barrier between the GEMMs: an FC2 item starts once its m-tile's n1_tiles FC1 items
-          // have stored their A2 rows (fc1_done), so FC2 fills the SMs that FC1's last items leave idle.
-          dk::produce_item<false, BM, kF16>(p.fc2, &p.maps2, sm, p.n2_tiles, v - work1, wd, it, p.fc1_done,
-                                            static_cast<unsigned>(p.n1_tiles), trace_ptr(p, i, 1));
+        dk::produce_item<true, BM, kF16>(p.fc1, &p.maps1, sm, p.n1_tiles, w, wd, it, nullptr, 0, trace_ptr(p, i, 1));
+      }
+      // No grid barrier between the GEMMs: an FC2 item starts once its m-tile's n1_tiles FC1 items have
+      // stored their A2 rows (fc1_done), so FC2 fills the SMs that FC1's last wave leaves idle.
+      for (int w = b; w < work2; w += g, ++i) {
+        if (p.trace && i < kTraceItems) trace_at(p, item_slot(i, 0), ptx::globaltimer_ns());
+        dk::produce_item<false, BM, kF16>(p.fc2, &p.maps2, sm, p.n2_tiles, w, wd, it, p.fc1_done,
+                                          static_cast<unsigned>(p.n1_tiles), trace_ptr(p, i, 1));
       }
     }
     grid_sync(p.barrier);  // every FC2 producer is past its last counter wait: the next call's are zero
@@ -145,14 +139,14 @@ __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_ker
   } else {
     const bool stamp = p.trace && threadIdx.x == dk::kWarpgroup;  // the consumers' first thread
     int i = 0;
-    for (int v = b; v < work1 + work2; v += g, ++i) {
-      if (v < work1) dk::consume_item<true, BM, kF16>(p.fc1, *opaque(&sm), p.n1_tiles, v, wd, it, p.fc1_done);
-      else dk::consume_item<false, BM, kF16>(p.fc2, *opaque(&sm), p.n2_tiles, v - work1, wd, it);
-      if (stamp) {
-        const unsigned long long now = ptx::globaltimer_ns();
-        if (i < kTraceItems) trace_at(p, item_slot(i, 2), now);
-        if (v < work1 && v + g >= work1) trace_at(p, kTraceFc1End, now);  // this CTA's last FC1 item
-      }
+    for (int w = b; w < work1; w += g, ++i) {
+      dk::consume_item<true, BM, kF16>(p.fc1, *opaque(&sm), p.n1_tiles, w, wd, it, p.fc1_done);
+      if (stamp && i < kTraceItems) trace_at(p, item_slot(i, 2), ptx::globaltimer_ns());
+    }
+    if (stamp) trace_at(p, kTraceFc1End, ptx::globaltimer_ns());
+    for (int w = b; w < work2; w += g, ++i) {
+      dk::consume_item<false, BM, kF16>(p.fc2, *opaque(&sm), p.n2_tiles, w, wd, it);
+      if (stamp && i < kTraceItems) trace_at(p, item_slot(i, 2), ptx::globaltimer_ns());
     }
     if (stamp) trace_at(p, kTraceFc2End, ptx::globaltimer_ns());
     grid_sync(p.barrier);  // Y is complete

@@ -53,7 +53,7 @@ void print_static(const std::vector<unsigned long long>& t, int grid) {
     const int n1 = static_cast<int>(counts & 0xFFFF), n2 = static_cast<int>(counts >> 16);
     entry.push_back(at(b, sk::kTraceEntry));
     waited.push_back(at(b, sk::kTraceWaited));
-    if (n1 > 0) fc1_end.push_back(at(b, sk::kTraceFc1End));  // stamped by CTAs with FC1 items only
+    fc1_end.push_back(at(b, sk::kTraceFc1End));
     fc2_end.push_back(at(b, sk::kTraceFc2End));
     barrier.push_back(at(b, sk::kTraceBarrier));
     end.push_back(at(b, sk::kTraceEnd));
