@@ -780,11 +780,41 @@ TEST(GpuDiagnostics, DISABLED_RegisterPathStreamProbe) {
 // What limits one register-path CTA's stage rate at decode sizes (session 26: static's items took
 // ~0.5 µs a 64-k stage at qwen3-30b-a3b T = 2 and T = 16 alike, and no faster with the weights in L2).
 // The same stream (qwen3-30b-a3b FC1's shape, 88 experts, 1056 items of 32 stages) over grids of 16
-// to 264 CTAs, the real GEMM (gemm_kernel, f16, 32-row m-tiles) and the producer with a ring alone
-// (stream_probe_kernel: one thread's copies, a consumer lane that frees each stage at once), printed
-// as µs a stage a CTA. With 16 CTAs HBM is far from busy: if the ring alone still takes ~0.5 µs a
-// stage, one thread's copies are the limit (then fewer, larger copies a stage would pay); if it is
-// several times faster while the GEMM is not, the consumers' stage chain is.
+// to 264 CTAs, printed as µs a stage of the busiest CTA: the real GEMM (gemm_kernel, f16, 32-row
+// m-tiles), the same CTA with its consumers running parts of a stage (stage_parts_kernel: the ring
+// alone, the dequantisation alone, the wgmma alone; dynamic::consume_item's kParts), and one
+// producer thread with a 64-thread CTA (stream_probe_kernel).
+// With 16 CTAs HBM is far from busy: if the ring alone still takes ~0.5 µs a stage, one thread's
+// copies are the limit; if the ring alone is several times faster, the part whose time matches the
+// GEMM's is (next-steps.md, "First calls").
+template <int kParts>
+__global__ void __launch_bounds__(kernels::dynamic::kThreads, kernels::dynamic::kCtasPerSm<32, true>)
+    stage_parts_kernel(kernels::MoeGemmParams p, const __grid_constant__ kernels::dynamic::TensorMaps maps,
+                       int n_tiles) {
+  namespace dk = kernels::dynamic;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  dk::Smem<32, true>& sm = dk::aligned_smem<dk::Smem<32, true>>(smem_raw);
+  dk::start_cta(sm, p.nvfp4);
+  const kernels::ptx::Watchdog wd{&sm.aborted, nullptr};
+  const int work = *p.num_tiles * n_tiles;
+  uint32_t it = 0;
+  if (dk::take_role<32, true>()) {
+    dk::produce<false, 32, true>(p, &maps, sm, n_tiles, work, wd, it);
+    return;
+  }
+  if constexpr (kParts == 0) {  // the ring alone: wait on "full", free the stage
+    const int ktiles = p.k_pad / dk::BK;
+    constexpr int kRing = dk::Smem<32, true>::kStages;
+    for (int w = blockIdx.x; w < work; w += gridDim.x)
+      for (int kt = 0; kt < ktiles; ++kt, ++it) {
+        kernels::ptx::mbar_wait(&sm.full[it % kRing], (it / kRing) & 1, wd, dk::kWaitFull, static_cast<int>(it));
+        kernels::ptx::mbar_arrive(&sm.empty[it % kRing]);
+      }
+  } else {
+    for (int w = blockIdx.x; w < work; w += gridDim.x) dk::consume_item<false, 32, true, kParts>(p, sm, n_tiles, w, wd, it);
+  }
+}
+
 TEST(GpuDiagnostics, DISABLED_RegisterPathStagePerCta) {
   REQUIRE_SM90();
   namespace dk = kernels::dynamic;
@@ -795,26 +825,44 @@ TEST(GpuDiagnostics, DISABLED_RegisterPathStagePerCta) {
   const int n_tiles = gpu::dynamic_n_tiles(p, /*fc1=*/false), work = tiles * n_tiles, ktiles = p.k_pad / dk::BK;
   const dk::TensorMaps maps = gpu::register_path_maps(p, BM, /*fc1=*/false);
   constexpr size_t kGemmSmem = dk::smem_bytes<BM, true>, kProbe = kProbeSmem<8, true, true>;
+  // This file's kernel instances (each translation unit has its own): opted in here, their registers
+  // checked (the consumers' setmaxnreg.inc would wait forever on fewer).
+  const void* cta_kernels[] = {reinterpret_cast<const void*>(dk::gemm_kernel<false, BM, true>),
+                               reinterpret_cast<const void*>(stage_parts_kernel<0>),
+                               reinterpret_cast<const void*>(stage_parts_kernel<dk::kDequant>),
+                               reinterpret_cast<const void*>(stage_parts_kernel<dk::kMma>)};
+  const char* names[] = {"GEMM", "ring alone", "dequant only", "wgmma only"};
+  for (const void* k : cta_kernels) {
+    GPU_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kGemmSmem)));
+    cudaFuncAttributes attr{};
+    GPU_CHECK(cudaFuncGetAttributes(&attr, k));
+    ASSERT_EQ(attr.numRegs, (dk::kLaunchRegs<BM, true>)) << "setmaxnreg would wait forever";
+  }
   auto* probe = stream_probe_kernel<8, 2, true, true, false>;
-  auto* gemm = dk::gemm_kernel<false, BM, true>;  // this file's instance: opted in here, not by the workspace
   GPU_CHECK(cudaFuncSetAttribute(probe, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kProbe)));
-  GPU_CHECK(cudaFuncSetAttribute(gemm, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kGemmSmem)));
-  cudaFuncAttributes attr{};
-  GPU_CHECK(cudaFuncGetAttributes(&attr, gemm));
-  ASSERT_EQ(attr.numRegs, (dk::kLaunchRegs<BM, true>)) << "gemm_kernel's setmaxnreg would wait forever";
+  kernels::MoeGemmParams args = p;
+  dk::TensorMaps margs = maps;
+  int n = n_tiles;
+  int* no_watchdog = nullptr;
+  void* gemm_argv[] = {&args, &margs, &n, &no_watchdog};
+  void* parts_argv[] = {&args, &margs, &n};
   for (const int grid : {16, 66, 132, 264}) {
-    std::array<float, 2> best{};
-    best_of_two_ms(
-        3,
-        [&](int part) {
-          if (part == 0) gemm<<<grid, dk::kThreads, kGemmSmem>>>(p, maps, n_tiles, nullptr);
-          else probe<<<grid, 64, kProbe>>>(p, maps, n_tiles);
-        },
-        best);
     const double stages = static_cast<double>((work + grid - 1) / grid) * ktiles;  // the busiest CTA's
-    std::printf("[stage per CTA] %3d CTAs, %4.0f stages each: GEMM %8.1f us (%.3f us a stage), producer and ring "
-                "alone %8.1f us (%.3f us a stage)\n",
-                grid, stages, best[0] * 1e3, best[0] * 1e3 / stages, best[1] * 1e3, best[1] * 1e3 / stages);
+    std::printf("[stage per CTA] %3d CTAs, %4.0f stages each, µs a stage:", grid, stages);
+    for (int v = 0; v <= 4; ++v) {
+      std::array<float, 2> best{};
+      best_of_two_ms(
+          3,
+          [&](int) {
+            if (v == 4) probe<<<grid, 64, kProbe>>>(p, maps, n_tiles);
+            else
+              GPU_CHECK(cudaLaunchKernel(cta_kernels[v], dim3(grid), dim3(dk::kThreads), v == 0 ? gemm_argv : parts_argv,
+                                         kGemmSmem, nullptr));
+          },
+          best);
+      std::printf(" %s %.3f%s", v == 4 ? "one thread's copies (64-thread CTA)" : names[v],
+                  std::min(best[0], best[1]) * 1e3 / stages, v == 4 ? "\n" : ",");
+    }
   }
 }
 }  // namespace
