@@ -20,12 +20,42 @@ report() {
   out=$(cd "$build" && eval "$cmd -Xptxas -v" 2>&1)
   spill=$(grep -E "bytes spill stores" <<< "$out" | awk '{s += $5} END {print s + 0}')
 }
+# ptxas can also serialise without a note (session 26: a third A-fragment set with wgmma_wait<2> gave a
+# `WARPGROUP.DEPBAR.LE gsb0, 0x0` after every HGMMA of the f16 kernels and no C751x): where a cuobjdump
+# is at hand (the toolkit's, or the pip packages nvidia-cuda-cuobjdump or triton's), each register-path
+# kernel's SASS must hold fewer full waits than half its HGMMAs (the pipelined loops: one after the loop).
+cuobjdump=$(command -v cuobjdump || true)
+if [ -z "$cuobjdump" ]; then
+  for c in $(python3 - 2>/dev/null <<'PY'
+import glob, os, site
+dirs = site.getsitepackages() + [site.getusersitepackages()]
+for d in dirs:
+    for p in glob.glob(os.path.join(d, "nvidia", "cu*", "bin", "cuobjdump")) + \
+             glob.glob(os.path.join(d, "triton", "backends", "nvidia", "bin", "cuobjdump")):
+        print(p)
+PY
+  ); do [ -x "$c" ] && { cuobjdump=$c; break; }; done
+fi
+[ -n "$cuobjdump" ] || echo "ptxas_check.sh: no cuobjdump found: the SASS wait count is skipped (pip install nvidia-cuda-cuobjdump)"
+# Register-path kernels of one unit's object whose full waits reach half their HGMMAs.
+serialised_sass() {
+  local obj
+  obj=$(find "$build" -name "$1.cu.o" | head -1)
+  [ -n "$obj" ] && [ -n "$cuobjdump" ] || return 0
+  "$cuobjdump" -sass "$obj" | awk '
+    /Function :/ { f = $3 }
+    /HGMMA/ { h[f]++ }
+    /WARPGROUP\.DEPBAR\.LE gsb0, 0x0/ { z[f]++ }
+    END { for (k in h) if ((k ~ /gemm_kernel|static_kernel/) && 2 * z[k] >= h[k]) print k, z[k] " full waits, " h[k] " HGMMA" }'
+}
 for tu in launch_dynamic_bm32 launch_dynamic_bm64 launch_dynamic_bm128 launch_dynamic_bf16 launch_static_moe_bm32 \
     launch_static_moe_bm64; do
   report "$tu"
   serial=$(grep -cE "\(C751[035]\)" <<< "$out")
-  echo "$tu: serialised-wgmma notes $serial, spill-store bytes $spill"
+  sass=$(serialised_sass "$tu")
+  echo "$tu: serialised-wgmma notes $serial, spill-store bytes $spill${cuobjdump:+, serialised in SASS $(grep -c . <<< "$sass")}"
   [ "$serial" -eq 0 ] || { grep -E "\(C751[035]\)" <<< "$out" | cut -c1-160; fail=1; }
+  [ -z "$sass" ] || { echo "$sass" | cut -c1-160; fail=1; }
 done
 # Units whose kernels must not spill: direct_micro (above), and the generic path's small kernels,
 # among them the fused routing + gather of every dynamic decode call (64 registers at 1024 threads
