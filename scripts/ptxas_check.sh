@@ -22,20 +22,10 @@ report() {
 }
 # ptxas can also serialise without a note (session 26: a third A-fragment set with wgmma_wait<2> gave a
 # `WARPGROUP.DEPBAR.LE gsb0, 0x0` after every HGMMA of the f16 kernels and no C751x): where a cuobjdump
-# is at hand (the toolkit's, or the pip packages nvidia-cuda-cuobjdump or triton's), each register-path
-# kernel's SASS must hold fewer full waits than half its HGMMAs (the pipelined loops: one after the loop).
-cuobjdump=$(command -v cuobjdump || true)
-if [ -z "$cuobjdump" ]; then
-  for c in $(python3 - 2>/dev/null <<'PY'
-import glob, os, site
-dirs = site.getsitepackages() + [site.getusersitepackages()]
-for d in dirs:
-    for p in glob.glob(os.path.join(d, "nvidia", "cu*", "bin", "cuobjdump")) + \
-             glob.glob(os.path.join(d, "triton", "backends", "nvidia", "bin", "cuobjdump")):
-        print(p)
-PY
-  ); do [ -x "$c" ] && { cuobjdump=$c; break; }; done
-fi
+# is at hand (scripts/sass_mix.py's cuobjdump_path: the toolkit's, or the pip packages
+# nvidia-cuda-cuobjdump or triton's), each register-path kernel's SASS must hold fewer full waits than
+# half its HGMMAs (the pipelined loops: one after the loop).
+cuobjdump=$(python3 -c "import sys; sys.path.insert(0, '$(dirname "$0")'); import sass_mix; print(sass_mix.cuobjdump_path() or '')")
 [ -n "$cuobjdump" ] || echo "ptxas_check.sh: no cuobjdump found: the SASS wait count is skipped (pip install nvidia-cuda-cuobjdump)"
 # Register-path kernels of one unit's object whose full waits reach half their HGMMAs.
 serialised_sass() {

@@ -24,15 +24,23 @@ import subprocess
 import sys
 
 
-def find_cuobjdump():
+def cuobjdump_path():
+    """cuobjdump on PATH, else one of an installed nvidia-cuda-cuobjdump or triton wheel; None if none
+    (scripts/ptxas_check.sh asks here too)."""
     path = shutil.which("cuobjdump")
     if path:
         return path
     for base in sys.path:
-        for hit in glob.glob(os.path.join(base, "nvidia", "cu*", "bin", "cuobjdump")):
+        for hit in glob.glob(os.path.join(base, "nvidia", "cu*", "bin", "cuobjdump")) + \
+                glob.glob(os.path.join(base, "triton", "backends", "nvidia", "bin", "cuobjdump")):
             if os.access(hit, os.X_OK):
                 return hit
-    sys.exit("sass_mix: no cuobjdump on PATH or in an installed nvidia-cuda-cuobjdump wheel")
+    return None
+
+
+def find_cuobjdump():
+    return cuobjdump_path() or sys.exit(
+        "sass_mix: no cuobjdump on PATH or in an installed nvidia-cuda-cuobjdump wheel")
 
 
 def opcode(ins):

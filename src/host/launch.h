@@ -31,15 +31,23 @@ namespace fp4moe::gpu {
 // write (kernels/common/ptx.cuh). dynamic's chain uses it (launch_dynamic.cu). Launch with
 // cudaLaunchKernelEx(&l.config, kernel, args...) or cudaLaunchKernelExC(&l.config, kernel, argv).
 struct DependentLaunch {
-  cudaLaunchAttribute attr[2];  // the second for a caller's own (static: cooperative)
+  cudaLaunchAttribute attr[2];
   cudaLaunchConfig_t config;
-  // dependent = false: an ordinary launch through the same call.
-  DependentLaunch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool dependent = true) {
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+  // dependent = false: an ordinary launch through the same call. cooperative: also the cooperative
+  // attribute (static's grid barrier needs every CTA resident).
+  DependentLaunch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool dependent = true,
+                  bool cooperative = false) {
     config = cudaLaunchConfig_t{};
     config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem, config.stream = stream;
-    config.attrs = attr, config.numAttrs = dependent ? 1 : 0;
+    config.attrs = attr, config.numAttrs = 0;
+    if (dependent) {
+      attr[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[config.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cooperative) {
+      attr[config.numAttrs].id = cudaLaunchAttributeCooperative;
+      attr[config.numAttrs++].val.cooperative = 1;
+    }
   }
   DependentLaunch(const DependentLaunch&) = delete;  // config.attrs points into this object
   DependentLaunch& operator=(const DependentLaunch&) = delete;

@@ -49,12 +49,9 @@ void launch_static_bm(const kernels::static_moe::Params& p, int sms, cudaStream_
   kernels::static_moe::Params args = p;
   void* argv[] = {&args};
   // Cooperative (the grid barrier needs every CTA resident) and a programmatic dependent of the
-  // gather (DependentLaunch's attribute: the CTAs' set-up overlaps the gather's tail).
-  DependentLaunch l(dim3(static_cast<unsigned>(sms * per_sm)), dim3(kernels::static_moe::kThreads),
-                    dynamic_gemm_smem<BM>(f16), s);
-  l.attr[1].id = cudaLaunchAttributeCooperative;
-  l.attr[1].val.cooperative = 1;
-  l.config.numAttrs = 2;
+  // gather (the CTAs' set-up overlaps the gather's tail).
+  const DependentLaunch l(dim3(static_cast<unsigned>(sms * per_sm)), dim3(kernels::static_moe::kThreads),
+                          dynamic_gemm_smem<BM>(f16), s, /*dependent=*/true, /*cooperative=*/true);
   FP4MOE_CUDA_CHECK(cudaLaunchKernelExC(&l.config, static_kernel_for<BM>(f16), argv));
 }
 

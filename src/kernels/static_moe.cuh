@@ -4,7 +4,7 @@
 // warpgroups that dequantise the weights into wgmma A fragments), with one grid barrier
 // (common/grid_barrier.cuh) and per-m-tile counters:
 //
-//   FC1   work items (m-tile × n-tile), produce / consume of dynamic.cuh → A2; each item, once its
+//   FC1   work items (m-tile × n-tile), produce_item / consume_item of dynamic.cuh → A2; each item, once its
 //         epilogue has stored its A2 rows, adds 1 to its m-tile's counter (release)
 //   FC2   work items on the same ring of stages → Y (fp32, one row a route); an item's first copy
 //         waits for its m-tile's count to reach n1_tiles (acquire), so FC2 fills the SMs that
@@ -83,12 +83,15 @@ __device__ __forceinline__ T* opaque(T* q) {
 __device__ __forceinline__ void trace_at(const Params& p, int slot, unsigned long long v) {
   if (p.trace) p.trace[static_cast<int64_t>(blockIdx.x) * kTraceSlots + slot] = v;
 }
-// Slot of stamp `part` (0 producer start, 1 first copy, 2 consumers' end) of the CTA's item i < kTraceItems.
-__device__ __forceinline__ int item_slot(int i, int part) { return kTraceHead + 3 * i + part; }
-// Its address, or null when not tracing or past kTraceItems.
+// The slot of stamp `part` (0 producer start, 1 first copy, 2 consumers' end) of the CTA's item i, or
+// null when not tracing or past kTraceItems.
 __device__ __forceinline__ unsigned long long* trace_ptr(const Params& p, int i, int part) {
-  return p.trace && i < kTraceItems ? p.trace + static_cast<int64_t>(blockIdx.x) * kTraceSlots + item_slot(i, part)
-                                    : nullptr;
+  if (!p.trace || i >= kTraceItems) return nullptr;
+  return p.trace + static_cast<int64_t>(blockIdx.x) * kTraceSlots + kTraceHead + 3 * i + part;
+}
+// Writes the time now to trace_ptr(p, i, part), if any.
+__device__ __forceinline__ void stamp_item(const Params& p, int i, int part) {
+  if (unsigned long long* q = trace_ptr(p, i, part)) *q = ptx::globaltimer_ns();
 }
 
 template <int BM, bool kF16>
@@ -112,9 +115,7 @@ __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_ker
       if (p.trace) {
         unsigned smid;
         asm("mov.u32 %0, %%smid;" : "=r"(smid));
-        const int n1 = b < work1 ? (work1 - b + g - 1) / g : 0, n2 = b < work2 ? (work2 - b + g - 1) / g : 0;
         trace_at(p, kTraceSm, smid);
-        trace_at(p, kTraceItemCounts, static_cast<unsigned long long>(n1) | static_cast<unsigned long long>(n2) << 16);
       }
       // A1 came from the launches before this one (generic writes); the tensor copies read it through
       // the async proxy. A2's writers fence per item (consume_item's `done`), this thread again
@@ -122,16 +123,19 @@ __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_ker
       ptx::fence_proxy_async_global();
       int i = 0;
       for (int w = b; w < work1; w += g, ++i) {
-        if (p.trace && i < kTraceItems) trace_at(p, item_slot(i, 0), ptx::globaltimer_ns());
+        stamp_item(p, i, 0);
         dk::produce_item<true, BM, kF16>(p.fc1, &p.maps1, sm, p.n1_tiles, w, wd, it, nullptr, 0, trace_ptr(p, i, 1));
       }
+      const int n1 = i;
       // No grid barrier between the GEMMs: an FC2 item starts once its m-tile's n1_tiles FC1 items have
       // stored their A2 rows (fc1_done), so FC2 fills the SMs that FC1's last wave leaves idle.
       for (int w = b; w < work2; w += g, ++i) {
-        if (p.trace && i < kTraceItems) trace_at(p, item_slot(i, 0), ptx::globaltimer_ns());
+        stamp_item(p, i, 0);
         dk::produce_item<false, BM, kF16>(p.fc2, &p.maps2, sm, p.n2_tiles, w, wd, it, p.fc1_done,
                                           static_cast<unsigned>(p.n1_tiles), trace_ptr(p, i, 1));
       }
+      trace_at(p, kTraceItemCounts,
+               static_cast<unsigned long long>(n1) | static_cast<unsigned long long>(i - n1) << 16);
     }
     grid_sync(p.barrier);  // every FC2 producer is past its last counter wait: the next call's are zero
     if (blockIdx.x == 0)
@@ -141,12 +145,12 @@ __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_ker
     int i = 0;
     for (int w = b; w < work1; w += g, ++i) {
       dk::consume_item<true, BM, kF16>(p.fc1, *opaque(&sm), p.n1_tiles, w, wd, it, p.fc1_done);
-      if (stamp && i < kTraceItems) trace_at(p, item_slot(i, 2), ptx::globaltimer_ns());
+      if (stamp) stamp_item(p, i, 2);
     }
     if (stamp) trace_at(p, kTraceFc1End, ptx::globaltimer_ns());
     for (int w = b; w < work2; w += g, ++i) {
       dk::consume_item<false, BM, kF16>(p.fc2, *opaque(&sm), p.n2_tiles, w, wd, it);
-      if (stamp && i < kTraceItems) trace_at(p, item_slot(i, 2), ptx::globaltimer_ns());
+      if (stamp) stamp_item(p, i, 2);
     }
     if (stamp) trace_at(p, kTraceFc2End, ptx::globaltimer_ns());
     grid_sync(p.barrier);  // Y is complete

@@ -781,9 +781,9 @@ TEST(GpuDiagnostics, DISABLED_RegisterPathStreamProbe) {
 // ~0.5 µs a 64-k stage at qwen3-30b-a3b T = 2 and T = 16 alike, and no faster with the weights in L2).
 // The same stream (qwen3-30b-a3b FC1's shape, 88 experts, 1056 items of 32 stages) over grids of 16
 // to 264 CTAs, printed as µs a stage of the busiest CTA: the real GEMM (gemm_kernel, f16, 32-row
-// m-tiles), the same CTA with its consumers running parts of a stage (stage_parts_kernel: the ring
-// alone, the dequantisation alone, the wgmma alone; dynamic::consume_item's kParts), and one
-// producer thread with a 64-thread CTA (stream_probe_kernel).
+// m-tiles), the same CTA with the ring alone (ring_only_kernel) and with its consumers running parts
+// of a stage (stage_parts_kernel: the dequantisation alone, the wgmma alone; dynamic::consume_item's
+// kParts), and one producer thread with a 64-thread CTA (stream_probe_kernel).
 // With 16 CTAs HBM is far from busy: if the ring alone still takes ~0.5 µs a stage, one thread's
 // copies are the limit; if the ring alone is several times faster, the part whose time matches the
 // GEMM's is (next-steps.md, "First calls").
@@ -802,17 +802,7 @@ __global__ void __launch_bounds__(kernels::dynamic::kThreads, kernels::dynamic::
     dk::produce<false, 32, true>(p, &maps, sm, n_tiles, work, wd, it);
     return;
   }
-  if constexpr (kParts == 0) {  // the ring alone: wait on "full", free the stage
-    const int ktiles = p.k_pad / dk::BK;
-    constexpr int kRing = dk::Smem<32, true>::kStages;
-    for (int w = blockIdx.x; w < work; w += gridDim.x)
-      for (int kt = 0; kt < ktiles; ++kt, ++it) {
-        kernels::ptx::mbar_wait(&sm.full[it % kRing], (it / kRing) & 1, wd, dk::kWaitFull, static_cast<int>(it));
-        kernels::ptx::mbar_arrive(&sm.empty[it % kRing]);
-      }
-  } else {
-    for (int w = blockIdx.x; w < work; w += gridDim.x) dk::consume_item<false, 32, true, kParts>(p, sm, n_tiles, w, wd, it);
-  }
+  for (int w = blockIdx.x; w < work; w += gridDim.x) dk::consume_item<false, 32, true, kParts>(p, sm, n_tiles, w, wd, it);
 }
 
 TEST(GpuDiagnostics, DISABLED_RegisterPathStagePerCta) {
@@ -828,7 +818,7 @@ TEST(GpuDiagnostics, DISABLED_RegisterPathStagePerCta) {
   // This file's kernel instances (each translation unit has its own): opted in here, their registers
   // checked (the consumers' setmaxnreg.inc would wait forever on fewer).
   const void* cta_kernels[] = {reinterpret_cast<const void*>(dk::gemm_kernel<false, BM, true>),
-                               reinterpret_cast<const void*>(stage_parts_kernel<0>),
+                               reinterpret_cast<const void*>(ring_only_kernel<BM, true>),
                                reinterpret_cast<const void*>(stage_parts_kernel<dk::kDequant>),
                                reinterpret_cast<const void*>(stage_parts_kernel<dk::kMma>)};
   const char* names[] = {"GEMM", "ring alone", "dequant only", "wgmma only"};

@@ -1,6 +1,6 @@
 // The generic path's gather-quantise (x → A1) and top-k sum (Y → out), as device functions: the
-// generic path's kernels (generic.cuh) run them one unit per warp or thread, the static backend
-// (static_moe.cuh) inside its own launch.
+// generic path's kernels (generic.cuh) run them one unit per warp or thread, the fused routing +
+// gather (route.cuh) its warps' units, and the static backend (static_moe.cuh) its top-k sum.
 #pragma once
 
 #include <cuda_bf16.h>

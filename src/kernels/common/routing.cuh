@@ -14,8 +14,8 @@
 //
 // Past kRouteChunk routes the same steps run on many CTAs in three launches (route_count_kernel,
 // route_scan_kernel, route_place_kernel): one CTA took 0.28 ms for qwen3-30b-a3b T = 16384's 131072
-// routes and 38 µs for T = 2048's 16384 (NOTES session 7). The kernels are in kernels/route.cuh; the
-// steps are here, where the static backend (static_moe.cuh) runs them inside its own launch.
+// routes and 38 µs for T = 2048's 16384 (NOTES session 7). The kernels are in kernels/route.cuh,
+// the steps here.
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -72,9 +72,8 @@ __device__ __forceinline__ void record_route(const RoutingParams& p, int64_t r, 
 // (0 past the experts; Scan a cub::BlockScan over the CTA's threads, which must cover the experts):
 // the exclusive scans give each expert its first row and first m-tile, written with the tile list
 // and the totals; row0[i] is expert kItems·tid + i's first row. Shared by the one-CTA routing, the
-// many-CTA scan (kItems = 1, kRouteThreads threads), the fused routing + gather (route.cuh: only
-// its CTA 0 writes, `write` false elsewhere, the same in every thread of a CTA) and the static
-// backend's in-kernel routing (static_moe.cuh: 384 threads, up to 3 experts each).
+// many-CTA scan (kItems = 1, kRouteThreads threads) and the fused routing + gather (route.cuh: two
+// experts a thread; only its CTA 0 writes, `write` false elsewhere, the same in every thread of a CTA).
 template <class Scan, int kItems>
 __device__ __forceinline__ void scan_counts_and_list_tiles(const RoutingParams& p, typename Scan::TempStorage& storage,
                                                            int (&count)[kItems], int (&row0)[kItems],
@@ -116,7 +115,7 @@ __device__ __forceinline__ int scan_counts_and_list_tiles(const RoutingParams& p
 // experts): the histogram into `count` (kThreads · kItems ints of shared memory), the scans and the
 // tile list, then each route's row (count then holds the next free row of each expert). Row order
 // inside an expert depends on the atomics. route_kernel runs it (kRouteThreads threads, one expert
-// each), and so does the static backend's CTA 0 inside its launch (static_moe.cuh: 384 threads, 3).
+// each).
 template <int kThreads, int kItems>
 __device__ __forceinline__ void route_one_cta(const RoutingParams& p, int* count,
                                               typename cub::BlockScan<int, kThreads>::TempStorage& storage) {
