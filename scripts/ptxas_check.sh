@@ -38,7 +38,7 @@ serialised_sass() {
     /WARPGROUP\.DEPBAR\.LE gsb0, 0x0/ { z[f]++ }
     END { for (k in h) if ((k ~ /gemm_kernel|static_kernel/) && 2 * z[k] >= h[k]) print k, z[k] " full waits, " h[k] " HGMMA" }'
 }
-for tu in launch_dynamic_bm32 launch_dynamic_bm64 launch_dynamic_bm128 launch_dynamic_bf16 launch_static_moe_bm32 \
+for tu in launch_dynamic_bm16 launch_dynamic_bm32 launch_dynamic_bm64 launch_dynamic_bm128 launch_dynamic_bf16 launch_static_moe_bm32 \
     launch_static_moe_bm64; do
   report "$tu"
   serial=$(grep -cE "\(C751[035]\)" <<< "$out")

@@ -147,7 +147,7 @@ std::string usage() {
         "                       prefill_bf16_bytes; default 0: none); calls with at least\n"
         "  --prefill-bf16-min-rows N   routes per expert (T·K / E, default 512) dequantise once into it;\n"
         "                       their rows read \"dynamic (bf16 copy)\"\n"
-        "  --dynamic-tile-m N   dynamic's register-path m-tile: 32, 64 or 128 routed rows (RunnerOptions::\n"
+        "  --dynamic-tile-m N   dynamic's register-path m-tile: 16, 32, 64 or 128 routed rows (RunnerOptions::\n"
         "                       dynamic_tile_m; default 0: from the rows per expert); rows read\n"
         "                       \"dynamic (m-tile N)\"\n"
         "\n"
@@ -312,8 +312,9 @@ Args parse_args(int argc, char** argv) {
     a.prefill_bf16_min_rows = parse_int("--prefill-bf16-min-rows", v["--prefill-bf16-min-rows"], 1, int64_t{1} << 40);
   if (has("--dynamic-tile-m")) {
     a.dynamic_tile_m = static_cast<int>(parse_int("--dynamic-tile-m", v["--dynamic-tile-m"], 0, 128));
-    if (a.dynamic_tile_m != 0 && a.dynamic_tile_m != 32 && a.dynamic_tile_m != 64 && a.dynamic_tile_m != 128)
-      bad("--dynamic-tile-m", v["--dynamic-tile-m"], "must be 0 (from the rows per expert), 32, 64 or 128");
+    if (a.dynamic_tile_m != 0 && a.dynamic_tile_m != 16 && a.dynamic_tile_m != 32 && a.dynamic_tile_m != 64 &&
+        a.dynamic_tile_m != 128)
+      bad("--dynamic-tile-m", v["--dynamic-tile-m"], "must be 0 (from the rows per expert), 16, 32, 64 or 128");
   }
   if (has("--iters")) a.iters = static_cast<int>(parse_int("--iters", v["--iters"], 1, 100000));
   if (has("--warmup")) a.warmup = static_cast<int>(parse_int("--warmup", v["--warmup"], 0, 100000));

@@ -391,8 +391,8 @@ class MoeWrapper:
     weights of up to that many device bytes: calls with at least ``prefill_bf16_min_rows`` routes per
     expert (T·K / E) then dequantise each touched expert once per call and run plain bf16 GEMMs, which
     is faster for large prefill (C++ ``RunnerOptions::prefill_bf16_bytes``). ``dynamic_tile_m`` (0:
-    chosen from the rows per expert) forces the dynamic backend's register-path m-tile to 32, 64 or 128
-    routed rows (C++ ``RunnerOptions::dynamic_tile_m``).
+    chosen from the rows per expert) forces the dynamic backend's register-path m-tile to 16, 32, 64 or
+    128 routed rows (C++ ``RunnerOptions::dynamic_tile_m``).
     """
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,

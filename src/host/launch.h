@@ -71,7 +71,7 @@ struct RunArgs {
 // ---- generic: routing pre-pass + grouped GEMMs + combine (any shape) ---------------------------
 // The smallest m-tile (routed rows) any GEMM asks the routing for: dynamic's register path at few
 // rows per expert (dynamic_tile_m). The tile list is sized for it.
-inline constexpr int kMinTileM = 32;
+inline constexpr int kMinTileM = 16;
 struct GenericWorkspace {
   GenericWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens);
   size_t bytes() const;
@@ -135,7 +135,7 @@ void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace
 // The dynamic GEMM alone, for the kernel-level tests: p with its tile schedule already on the device,
 // at most max_tiles m-tiles. watchdog: null, or a zeroed device int[kernels::ptx::kWatchdogReportInts]
 // that a pipeline wait which timed out fills (kernels/common/mbarrier.cuh says with what).
-// tile_m: the m-tile the schedule was built with, 32, 64 or 128 (others: InvalidArgument).
+// tile_m: the m-tile the schedule was built with, 16, 32, 64 or 128 (others: InvalidArgument).
 void launch_dynamic_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, bool fc1, int64_t max_tiles,
                          int tile_m, int* watchdog, cudaStream_t stream);
 // The register path's m-tile for a call of `routes` routes over `experts` local experts: `forced`
@@ -143,8 +143,9 @@ void launch_dynamic_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParam
 // of 32, 64 and 128 routed rows that holds twice the average rows per expert (launch_dynamic.cu says
 // why twice; a tile's rows past its expert are MACs spent for nothing).
 int dynamic_tile_m(int64_t routes, int experts, int forced = 0);
-// The register path's GEMM with m-tiles of BM (32, 64, 128) routed rows: shared memory, opt-in and
-// launch (launch_dynamic_gemm.cuh, instantiated in launch_dynamic_bm{32,64,128}.cu).
+// The register path's GEMM with m-tiles of BM (16, 32, 64, 128) routed rows: shared memory, opt-in and
+// launch (launch_dynamic_gemm.cuh, instantiated in launch_dynamic_bm{16,32,64,128}.cu; 16 is taken
+// only when forced: RunnerOptions::dynamic_tile_m).
 template <int BM>
 size_t dynamic_gemm_smem();
 template <int BM>

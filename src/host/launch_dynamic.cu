@@ -22,11 +22,12 @@ int64_t max_tiles(int64_t routes, int experts, int tile_m) {
 void launch_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, bool fc1, int64_t tiles, int tile_m,
                  int* watchdog, cudaStream_t s) {
   switch (tile_m) {
+    case 16: return launch_dynamic_gemm_bm<16>(ws, p, fc1, tiles, watchdog, s);
     case 32: return launch_dynamic_gemm_bm<32>(ws, p, fc1, tiles, watchdog, s);
     case 64: return launch_dynamic_gemm_bm<64>(ws, p, fc1, tiles, watchdog, s);
     case 128: return launch_dynamic_gemm_bm<128>(ws, p, fc1, tiles, watchdog, s);
   }
-  FP4MOE_REQUIRE(false, InvalidArgument, "tile_m", "dynamic's register path has m-tiles of 32, 64 or 128 rows, got ",
+  FP4MOE_REQUIRE(false, InvalidArgument, "tile_m", "dynamic's register path has m-tiles of 16, 32, 64 or 128 rows, got ",
                  tile_m);
 }
 
@@ -53,11 +54,12 @@ std::string wgmma_device_problem(int device, size_t smem) {
 
 DynamicWorkspace::DynamicWorkspace(int device) {
   FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  unsupported = wgmma_device_problem(device, std::max({dynamic_gemm_smem<32>(), dynamic_gemm_smem<64>(),
+  unsupported = wgmma_device_problem(device, std::max({dynamic_gemm_smem<16>(), dynamic_gemm_smem<32>(), dynamic_gemm_smem<64>(),
                                                        dynamic_gemm_smem<128>(), dynamic_bf16_smem_bytes()}));
   if (unsupported.empty()) {
     dynamic_bf16_opt_in();
-    for (std::string why : {dynamic_gemm_opt_in<32>(), dynamic_gemm_opt_in<64>(), dynamic_gemm_opt_in<128>()})
+    for (std::string why : {dynamic_gemm_opt_in<16>(), dynamic_gemm_opt_in<32>(), dynamic_gemm_opt_in<64>(),
+                            dynamic_gemm_opt_in<128>()})
       if (unsupported.empty() && !why.empty()) unsupported = why;
   }
 }

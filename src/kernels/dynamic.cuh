@@ -74,7 +74,7 @@
 
 namespace fp4moe::kernels::dynamic {
 
-// Routed rows per m-tile (the wgmma N): BM = 32, 64 or 128, a template parameter of the kernel, chosen
+// Routed rows per m-tile (the wgmma N): BM = 16 (forced only), 32, 64 or 128, a template parameter of the kernel, chosen
 // per call from the routed rows per expert (launch_dynamic.cu dynamic_tile_m). Why: the tensor cores
 // multiply the whole tile, so with 8 rows per expert (qwen3-30b-a3b at T = 128) a 128-row tile spends
 // 16 times the MACs the rows need (~0.2 ms of MMAs there); at 32 rows the dequantisation is left.
@@ -90,8 +90,10 @@ inline constexpr int kThreads = kWarpgroup * (1 + kConsumers);
 // flight (produce). Why: the weights stream from HBM through the stages alone; HBM needs ~50 KB per
 // SM in flight. At BM = 32 both variants instead run two CTAs per SM (kCtasPerSm): the f16 one with 8
 // stages each, the bf16 one with 6 (its 40 KB of lookup tables leave room for no more: 2 × ~110 KB).
+// At BM = 16 (forced only: RunnerOptions::dynamic_tile_m) a stage is 6.5 KB: 12 of them (f16) or 8
+// (bf16, beside its tables) fit each of two CTAs an SM.
 template <int BM, bool kF16 = false>
-inline constexpr int kStagesOf = BM == 32 ? (kF16 ? 8 : 6) : (BM == 64 ? 10 : 5);
+inline constexpr int kStagesOf = BM == 16 ? (kF16 ? 12 : 8) : BM == 32 ? (kF16 ? 8 : 6) : (BM == 64 ? 10 : 5);
 // CTAs per SM. Why two at BM = 32: the f16 variant's consumers were issue-idle 59 % of the cycles
 // with 2 warps per scheduler, each warp's stage a chain (full wait → codes → ~80 dependent ALU
 // instructions → 4 wgmma → wait for the previous group), and the f16 variant's instruction cut barely
@@ -101,7 +103,7 @@ inline constexpr int kStagesOf = BM == 32 ? (kF16 ? 8 : 6) : (BM == 64 ? 10 : 5)
 // hot loop but one reload a stage pair, FC2 none): −14 to −24 % at 11 of 12 a16 points, T = 16…512
 // (H100, bench/results/h100-decode-20261205-s18-b2-ab.md; qwen3-30b-a3b T = 512, at 64 rows, ±0).
 template <int BM, bool kF16>
-inline constexpr int kCtasPerSm = BM == 32 ? 2 : 1;
+inline constexpr int kCtasPerSm = BM <= 32 ? 2 : 1;
 // Registers per thread. At launch: what __launch_bounds__ leaves each of kThreads × kCtasPerSm
 // threads, in the allocation's units of 8 (168 for one CTA, 80 for two; the host checks ptxas agreed,
 // dynamic_gemm_opt_in). Then setmaxnreg moves them within the CTA's pool (SETMAXREG .CTAPOOL): the
@@ -154,8 +156,10 @@ static_assert(smem_bytes<32, false> <= 227 * 1024 && smem_bytes<64, false> <= 22
               "past the sm_90 opt-in shared memory per CTA");
 // sm_90: 228 KB of shared memory per SM, of which the hardware reserves 1 KB per CTA.
 static_assert(kCtasPerSm<32, true> * (smem_bytes<32, true> + 1024) <= 228 * 1024 &&
-                  kCtasPerSm<32, false> * (smem_bytes<32, false> + 1024) <= 228 * 1024,
-              "the two CTAs per SM at BM = 32 no longer fit the shared memory");
+                  kCtasPerSm<32, false> * (smem_bytes<32, false> + 1024) <= 228 * 1024 &&
+                  kCtasPerSm<16, true> * (smem_bytes<16, true> + 1024) <= 228 * 1024 &&
+                  kCtasPerSm<16, false> * (smem_bytes<16, false> + 1024) <= 228 * 1024,
+              "the two CTAs per SM at BM = 16 and 32 no longer fit the shared memory");
 // A kernel's shared-memory struct in its dynamic shared memory, aligned up to kSmemAlign (the
 // register path's Smem here, the bf16 path's in dynamic_bf16.cuh; each launch asks for kSmemAlign more).
 template <class SmemT>
@@ -216,7 +220,7 @@ __device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileIn
   }
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
   const int rows = min(BM, ti.valid);
-  if constexpr (kFc1) fc1_store_rows<BN, BM == 32>(p, stage, kLdc, rows, ti.row0, ti.e, ti.y, ct, kConsumers * kWarpgroup);
+  if constexpr (kFc1) fc1_store_rows<BN, BM <= 32>(p, stage, kLdc, rows, ti.row0, ti.e, ti.y, ct, kConsumers * kWarpgroup);
   else fc2_store_rows<BN>(p, stage, kLdc, rows, ti.row0, ti.y, ct, kConsumers * kWarpgroup, rws);
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);  // staging is reused by the next tile
 }

@@ -426,7 +426,7 @@ TEST(GpuDynamicGemm, MatchesCpuGemmOfDequantisedWeights) {
   REQUIRE_SM90();
   uint64_t seed = 100;
   for (const GemmCase& g : register_path_cases())
-    for (int tile_m : {32, 64, 128}) {  // every m-tile the dispatcher picks (dynamic_tile_m)
+    for (int tile_m : {16, 32, 64, 128}) {  // every m-tile the dispatcher picks (dynamic_tile_m), and 16 (forced only)
       SCOPED_TRACE(describe(g) + " m-tiles of " + std::to_string(tile_m));
       run_gemm_case(g, seed++, 0, tile_m);
     }
@@ -440,7 +440,7 @@ TEST(GpuDynamicGemm, F16PathMatchesCpuGemmOfDequantisedWeights) {
   uint64_t seed = 300;
   for (GemmCase g : register_path_cases()) {
     g.nvfp4 = true;
-    for (int tile_m : {32, 64, 128}) {
+    for (int tile_m : {16, 32, 64, 128}) {
       SCOPED_TRACE(describe(g) + " m-tiles of " + std::to_string(tile_m) + ", f16");
       run_gemm_case(g, seed++, 0, tile_m, /*f16=*/true);
     }

@@ -102,11 +102,12 @@ __device__ __forceinline__ void mma_m64n256k16_bf16(float (&d)[128], uint64_t de
 }
 
 // D(64 × N, fp32) = A(64 × 16, registers) · B(16 × N: N rows × 16 k, shared, K-major)ᵀ +
-// (accumulate ? D : 0) for N = 32, 64 or 128; A and B bf16, or both f16 (kF16: the NVFP4-a4 register
+// (accumulate ? D : 0) for N = 16, 32, 64 or 128; A and B bf16, or both f16 (kF16: the NVFP4-a4 register
 // path, frag_a_f16). A is this thread's
 // fragment in the m16n8k16 layout of its warp's 16 rows (common/frag_dequant.cuh); the registers are
 // read asynchronously, so they must not change until a wgmma_wait covers this instruction's group.
 // d: N / 2 floats (acc_row / acc_col).
+#define FP4MOE_WGMMA_D_REGS_0_7 "%0, %1, %2, %3, %4, %5, %6, %7"
 #define FP4MOE_WGMMA_D_REGS_0_15 \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define FP4MOE_WGMMA_D_REGS_0_31 \
@@ -126,7 +127,7 @@ __device__ __forceinline__ void mma_m64n256k16_bf16(float (&d)[128], uint64_t de
 template <int N, bool kF16 = false>
 __device__ __forceinline__ void mma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                                 int accumulate) {
-  static_assert(N == 32 || N == 64 || N == 128, "the register path's tile widths");
+  static_assert(N == 16 || N == 32 || N == 64 || N == 128, "the register path's tile widths");
   if constexpr (N == 128 && kF16)
     FP4MOE_WGMMA_RS("m64n128k16", ".f32.f16.f16", FP4MOE_WGMMA_D_REGS_0_63, FP4MOE_WGMMA_D64(0), "%64, %65, %66, %67",
                     "%68", "%69");
@@ -139,6 +140,12 @@ __device__ __forceinline__ void mma_m64nNk16_rs(float (&d)[N / 2], const uint32_
   else if constexpr (N == 64)
     FP4MOE_WGMMA_RS("m64n64k16", ".f32.bf16.bf16", FP4MOE_WGMMA_D_REGS_0_31, FP4MOE_WGMMA_D32(0), "%32, %33, %34, %35",
                     "%36", "%37");
+  else if constexpr (N == 16 && kF16)
+    FP4MOE_WGMMA_RS("m64n16k16", ".f32.f16.f16", FP4MOE_WGMMA_D_REGS_0_7, FP4MOE_WGMMA_D8(0), "%8, %9, %10, %11", "%12",
+                    "%13");
+  else if constexpr (N == 16)
+    FP4MOE_WGMMA_RS("m64n16k16", ".f32.bf16.bf16", FP4MOE_WGMMA_D_REGS_0_7, FP4MOE_WGMMA_D8(0), "%8, %9, %10, %11",
+                    "%12", "%13");
   else if constexpr (kF16)
     FP4MOE_WGMMA_RS("m64n32k16", ".f32.f16.f16", FP4MOE_WGMMA_D_REGS_0_15, FP4MOE_WGMMA_D16(0), "%16, %17, %18, %19",
                     "%20", "%21");
@@ -151,6 +158,7 @@ __device__ __forceinline__ void mma_m64nNk16_rs(float (&d)[N / 2], const uint32_
 #undef FP4MOE_WGMMA_D16
 #undef FP4MOE_WGMMA_D_REGS_0_31
 #undef FP4MOE_WGMMA_D_REGS_0_15
+#undef FP4MOE_WGMMA_D_REGS_0_7
 
 #undef FP4MOE_WGMMA_D64
 #undef FP4MOE_WGMMA_D8

@@ -1,0 +1,7 @@
+// dynamic's register-path GEMM with m-tiles of 16 routed rows (launch_dynamic_gemm.cuh): forced only
+// (RunnerOptions::dynamic_tile_m = 16).
+#include "host/launch_dynamic_gemm.cuh"
+
+namespace fp4moe::gpu {
+FP4MOE_INSTANTIATE_DYNAMIC_GEMM(16)
+}  // namespace fp4moe::gpu
