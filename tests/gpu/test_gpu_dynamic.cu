@@ -467,13 +467,14 @@ TEST(DynamicTileM, SmallestTileHoldingTwiceTheAverageRowsPerExpert) {
   EXPECT_EQ(gpu::dynamic_tile_m(1024 * 8, 128, 32), 32);  // the rule says 128
   EXPECT_EQ(gpu::dynamic_tile_m(128 * 8, 128, 128), 128); // the rule says 16
   EXPECT_EQ(gpu::dynamic_tile_m(512 * 8, 128, 64), 64);
-  EXPECT_EQ(gpu::dynamic_tile_m(128 * 8, 128, 0), 32);    // 0: the rule
+  EXPECT_EQ(gpu::dynamic_tile_m(128 * 8, 128, 0), 16);    // 0: the rule
 }
 
-// static's m-tile per call (no GPU needed): dynamic's rule with 64 rows the largest (static has
+// static's m-tile per call (no GPU needed): dynamic's rule within 32 and 64 rows (static has
 // kernels for 32 and 64 only; launch_static_moe.cu).
-TEST(StaticTileM, DynamicRuleCappedAt64) {
-  EXPECT_EQ(gpu::static_tile_m(128 * 8, 128), 32);   // 8 rows per expert
+TEST(StaticTileM, DynamicRuleWithin32And64) {
+  EXPECT_EQ(gpu::static_tile_m(128 * 8, 128), 32);   // 8 rows per expert: the rule says 16
+  EXPECT_EQ(gpu::static_tile_m(1, 256), 32);         // T = 1, K = 1: the rule says 16
   EXPECT_EQ(gpu::static_tile_m(512 * 8, 128), 64);   // 32: the rule says 64
   EXPECT_EQ(gpu::static_tile_m(512 * 2, 8), 64);     // mixtral-8x7b T = 512: the rule says 128
   EXPECT_EQ(gpu::static_tile_m(4096, 1), 64);        // one local expert
