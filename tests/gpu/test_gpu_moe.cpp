@@ -439,15 +439,16 @@ TEST(GpuDynamic, Experts512TopK10) {
 }
 
 // RunnerOptions::dynamic_tile_m forces the register path's m-tile: every tile on calls whose own
-// choice differs (T = 600 over 8 experts, K = 2: 150 rows per expert, chosen 128; T = 5: chosen 32),
-// on the f16 variant (NVFP4-a4) and the bf16-table one (MXFP4-a16).
+// choice differs (T = 600 over 8 experts, K = 2: 150 rows per expert, chosen 128; T = 5: chosen 32
+// or 16), on the f16 variant (NVFP4-a4) and the bf16-table one (MXFP4-a16); 16 rows at T = 600 is
+// 10 m-tiles an expert.
 TEST(GpuDynamic, ForcedTileM) {
   REQUIRE_GPU();
   for (const auto& [f, m] : {std::pair{WeightFormat::kNVFP4, ActMode::kA4}, std::pair{WeightFormat::kMXFP4, ActMode::kA16}}) {
     const MoeConfig c = make_config(8, 512, 256, 2, f, m, Activation::kSilu, true);
     for (const int64_t T : {600, 5}) {
       const Problem p = testkit::make_problem({c, T, static_cast<uint64_t>(70 + T)});
-      for (const int tile : {32, 64, 128}) {
+      for (const int tile : {16, 32, 64, 128}) {
         RunnerOptions o{.backend = Backend::kDynamic, .dynamic_tile_m = tile};
         const auto out = run_on_gpu(p, o, IndexType::kInt32);
         const auto acc = check_against_reference(p, out.data(), testkit::default_tolerance(c));
