@@ -6,6 +6,14 @@
 Rows are points (model, mode, T); columns the median time (µs) of each backend found in the files, the
 routes per touched expert (T·K over min(E, T·K), from the row's E and K), the fastest
 backend and the floor where the run had one. A point's last row per backend is taken.
+
+    python3 bench/sweep.py SWEEP.jsonl --line direct_micro,dynamic
+
+adds what a routes line costs (kAuto's form in src/host/gpu_runner.cpp: the first backend while
+T·K <= L routes, the second above): for each L in 0, 1, 2, 4, 8, 16, 32, 64, the points it gives
+the slower backend, their mean and largest excess over the faster one, and the mean over all
+points that have both backends (the line to pick is the lowest mean; name the misses where the
+line is written).
 """
 import argparse
 import sys
@@ -17,8 +25,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="+")
     ap.add_argument("-o", "--out")
+    ap.add_argument("--line", metavar="LOW,HIGH",
+                    help="two backends: the cost of each routes line (LOW while T·K <= L, HIGH above)")
     a = ap.parse_args()
-    cells, floors, per_expert, backends = {}, {}, {}, []
+    cells, floors, per_expert, routes_of, backends = {}, {}, {}, {}, []
     for path in a.files:
         for r in benchjsonl.read(path)[1]:
             if r.get("status", "ok") != "ok" or r.get("time_us") is None:
@@ -31,6 +41,8 @@ def main():
             if r.get("floor_us") is not None:
                 floors[key] = r["floor_us"]
             e, k = r.get("E"), r.get("K")
+            if k:
+                routes_of[key] = r["tokens"] * k
             if e and k:
                 routes = r["tokens"] * k
                 per_expert[key] = routes / min(e, routes)
@@ -52,11 +64,36 @@ def main():
         lines.append("| " + " | ".join(cells_of_row) + " |")
     lines.append("")
     lines.append("Fastest: " + ", ".join(f"{b} {n}" for b, n in wins.items()) + f" of {len(keys)} points.")
+    if a.line:
+        lines += line_costs(a.line, keys, cells, routes_of)
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if a.out:
         with open(a.out, "w") as f:
             f.write(text)
+
+
+def line_costs(spec, keys, cells, routes_of):
+    """The table of --line: per candidate L, the points a line at L routes gives the slower backend."""
+    low, high = spec.split(",")
+    both = [k for k in keys if (k, low) in cells and (k, high) in cells and k in routes_of]
+    if not both:
+        sys.exit(f"sweep.py: no point has both {low} and {high} and a K")
+    out = ["", f"Lines: {low} while T·K <= L routes, {high} above ({len(both)} points with both):", "",
+           "| L | points on the slower | mean excess there | largest (point) | mean over all points |",
+           "|---|---|---|---|---|"]
+    for line in (0, 1, 2, 4, 8, 16, 32, 64):
+        excess = []
+        for k in both:
+            taken = cells[k, low] if routes_of[k] <= line else cells[k, high]
+            excess.append((taken / min(cells[k, low], cells[k, high]) - 1, k))
+        missed = [(x, k) for x, k in excess if x > 0]
+        worst = max(missed) if missed else None
+        mean_missed = sum(x for x, _ in missed) / len(missed) if missed else 0.0
+        worst_text = f"{worst[0] * 100:.1f} % ({worst[1][0]} {worst[1][1]} T = {worst[1][2]})" if worst else "—"
+        out.append(f"| {line} | {len(missed)} | {mean_missed * 100:.1f} % | {worst_text} | "
+                   f"{sum(x for x, _ in excess) / len(excess) * 100:.2f} % |")
+    return out
 
 
 if __name__ == "__main__":
