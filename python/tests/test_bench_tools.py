@@ -75,3 +75,17 @@ def test_sweep_tables_backends_side_by_side(tmp_path):
     assert "| 4 | 357.7 | 337.6 | dynamic |" in lines[("mixtral-8x7b", "a4", "16")]
     assert "| — | 335.6 | dynamic |" in lines[("mixtral-8x7b", "a4", "32")]
     assert "Fastest: direct_micro 1, dynamic 2 of 3 points." in done.stdout
+
+    # --line: qwen3 T = 8 is 64 routes (direct_micro faster), mixtral T = 16 32 routes (dynamic faster;
+    # direct_micro 6.0 % over). A line at 16 routes gives both to dynamic (qwen3 8.1 % over), at 32
+    # each to its slower backend, at 64 both to direct_micro (mixtral 6.0 % over). mixtral T = 32 has
+    # no direct_micro row and is left out.
+    done = subprocess.run([sys.executable, str(BENCH / "sweep.py"), str(src), "--line", "direct_micro,dynamic"],
+                          capture_output=True, text=True, check=True)
+    costs = {l.split("|")[1].strip(): [c.strip() for c in l.split("|")[2:6]]
+             for l in done.stdout.splitlines() if l.startswith("| ") and l.split("|")[1].strip().isdigit()}
+    assert "(2 points with both)" in done.stdout
+    assert costs["16"][0] == "1" and costs["16"][2].startswith("8.1 % (qwen3-30b-a3b a4 T = 8)"), costs["16"]
+    assert costs["32"] == ["2", "7.0 %", "8.1 % (qwen3-30b-a3b a4 T = 8)", "7.04 %"], costs["32"]
+    assert costs["64"][0] == "1" and costs["64"][2].startswith("6.0 % (mixtral-8x7b a4 T = 16)"), costs["64"]
+    assert costs["64"][3] == "2.98 %", costs["64"]  # (357.7 / 337.6 − 1) / 2
