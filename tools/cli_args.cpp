@@ -312,8 +312,7 @@ Args parse_args(int argc, char** argv) {
     a.prefill_bf16_min_rows = parse_int("--prefill-bf16-min-rows", v["--prefill-bf16-min-rows"], 1, int64_t{1} << 40);
   if (has("--dynamic-tile-m")) {
     a.dynamic_tile_m = static_cast<int>(parse_int("--dynamic-tile-m", v["--dynamic-tile-m"], 0, 128));
-    if (a.dynamic_tile_m != 0 && a.dynamic_tile_m != 16 && a.dynamic_tile_m != 32 && a.dynamic_tile_m != 64 &&
-        a.dynamic_tile_m != 128)
+    if (!is_dynamic_tile_m(a.dynamic_tile_m))
       bad("--dynamic-tile-m", v["--dynamic-tile-m"], "must be 0 (from the rows per expert), 16, 32, 64 or 128");
   }
   if (has("--iters")) a.iters = static_cast<int>(parse_int("--iters", v["--iters"], 1, 100000));

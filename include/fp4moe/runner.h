@@ -38,11 +38,14 @@ struct RunnerOptions {
   int64_t prefill_bf16_min_rows = 512;
   // The dynamic backend's m-tile on its register path (calls that do not take the bf16 copy): 0
   // chooses it from the routed rows per expert (the default: 32, 64 or 128); 16, 32, 64 or 128 force it
-  // (16 only when forced: not yet measured against 32),
+  // (16 only when forced until the per-call rule takes it: docs/wip/bm16-auto.patch),
   // for tile sweeps and for servers that measured their own routing. Any other value:
   // InvalidArgument. Results are the same up to fp32 summation order.
   int dynamic_tile_m = 0;
 };
+
+// Whether RunnerOptions::dynamic_tile_m takes v (the runner and the `fp4moe` command check with it).
+constexpr bool is_dynamic_tile_m(int v) { return v == 0 || v == 16 || v == 32 || v == 64 || v == 128; }
 
 // Owns prepared weights, a workspace sized for max_tokens and the per-T plan. run() allocates
 // nothing, never synchronises the host and never reads device data on the host, so it may be
