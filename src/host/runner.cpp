@@ -76,8 +76,8 @@ MoeRunner::MoeRunner(const MoeConfig& config, PreparedWeights weights, const Run
                  "must be >= 0 (0: no bf16 copy), got ", options.prefill_bf16_bytes);
   FP4MOE_REQUIRE(options.prefill_bf16_min_rows >= 1, InvalidArgument, "options.prefill_bf16_min_rows",
                  "must be at least 1, got ", options.prefill_bf16_min_rows);
-  FP4MOE_REQUIRE(is_dynamic_tile_m(options.dynamic_tile_m), InvalidArgument, "options.dynamic_tile_m", "must be 0 (chosen per call), 16, 32, 64 or 128, got ",
-                 options.dynamic_tile_m);
+  FP4MOE_REQUIRE(is_dynamic_tile_m(options.dynamic_tile_m), InvalidArgument, "options.dynamic_tile_m",
+                 "must be 0 (chosen per call), 16, 32, 64 or 128, got ", options.dynamic_tile_m);
   check_capacity(config, options.max_tokens);
   impl_->config = config;
   impl_->weights = std::move(weights);
