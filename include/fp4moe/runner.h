@@ -37,8 +37,7 @@ struct RunnerOptions {
   // larger models); 256 is unsettled.
   int64_t prefill_bf16_min_rows = 512;
   // The dynamic backend's m-tile on its register path (calls that do not take the bf16 copy): 0
-  // chooses it from the routed rows per expert (the default: 32, 64 or 128); 16, 32, 64 or 128 force it
-  // (16 only when forced until the per-call rule takes it: docs/wip/bm16-auto.patch),
+  // chooses it from the routed rows per expert (the default: 16, 32, 64 or 128); 16, 32, 64 or 128 force it,
   // for tile sweeps and for servers that measured their own routing. Any other value:
   // InvalidArgument. Results are the same up to fp32 summation order.
   int dynamic_tile_m = 0;

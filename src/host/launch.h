@@ -140,12 +140,11 @@ void launch_dynamic_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParam
                          int tile_m, int* watchdog, cudaStream_t stream);
 // The register path's m-tile for a call of `routes` routes over `experts` local experts: `forced`
 // when it is not 0 (RunnerOptions::dynamic_tile_m, validated by the runner), otherwise the smallest
-// of 32, 64 and 128 routed rows that holds twice the average rows per expert (launch_dynamic.cu says
+// of 16, 32, 64 and 128 routed rows that holds twice the average rows per expert (launch_dynamic.cu says
 // why twice; a tile's rows past its expert are MACs spent for nothing).
 int dynamic_tile_m(int64_t routes, int experts, int forced = 0);
 // The register path's GEMM with m-tiles of BM (16, 32, 64, 128) routed rows: shared memory, opt-in and
-// launch (launch_dynamic_gemm.cuh, instantiated in launch_dynamic_bm{16,32,64,128}.cu; 16 is taken
-// only when forced: RunnerOptions::dynamic_tile_m).
+// launch (launch_dynamic_gemm.cuh, instantiated in launch_dynamic_bm{16,32,64,128}.cu).
 template <int BM>
 size_t dynamic_gemm_smem();
 template <int BM>
@@ -196,7 +195,7 @@ struct StaticWorkspace {
 };
 // Whether static takes T = tokens: the device can run it and T·K <= kStaticMaxRoutes.
 bool static_supports(const MoeConfig& c, const StaticWorkspace& ws, int64_t tokens, std::string* why);
-// The m-tile of a call: dynamic_tile_m's rule with 64 rows at most (kernels for 32 and 64).
+// The m-tile of a call: dynamic_tile_m's rule within 32 and 64 rows (static's kernels).
 int static_tile_m(int64_t routes, int experts);
 void launch_static(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& gws, StaticWorkspace& ws,
                    const RunArgs& a);

@@ -83,13 +83,15 @@ bool dynamic_supports(const DynamicWorkspace& ws, std::string* why) {
 // 16-row tiles (session 27, `h100-20261206-s27-bm16-ab.md`, H100, every named shape at T = 2…64,
 // --dynamic-tile-m 16 against 32): faster at 70 of 72 points (median 0.954; deepseek-v3 a4 T = 64
 // 2135 → 1923 µs, mixtral-8x7b a4 T = 4 254 → 221) up to 8 rows per expert (mixtral T = 32: 0.96–0.97),
-// slower at 16 (mixtral T = 64: +21 / +35 %, some experts' rows spill into a second tile). The rule
-// takes them (twice the average within 16) with docs/wip/bm16-auto.patch once the GPU suite has run
-// with it: until then only a forced tile reaches them.
+// slower at 16 (mixtral T = 64: +21 / +35 %, some experts' rows spill into a second tile); so twice
+// the average within 16 takes 16. With the rule in (session 29, `h100-20261206-s29-bm16-ab.md`, kAuto's
+// rows against the rule within 32..128): median 0.977 over 60 points at T = 4…512, 46 faster
+// (llama4-scout a16 T = 32 and 128 −8.4 %), none slower past noise (deepseek-v3 a16 T = 512 +8.1 %
+// runs 32-row tiles in both trees).
 int dynamic_tile_m(int64_t routes, int experts, int forced) {
   if (forced > 0) return forced;
   const int64_t per_expert = experts > 0 ? (routes + experts - 1) / experts : routes;
-  return 2 * per_expert <= 32 ? 32 : 2 * per_expert <= 64 ? 64 : 128;
+  return 2 * per_expert <= 16 ? 16 : 2 * per_expert <= 32 ? 32 : 2 * per_expert <= 64 ? 64 : 128;
 }
 
 void launch_dynamic_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParams& p, bool fc1, int64_t max_tiles,
@@ -102,7 +104,7 @@ void launch_dynamic_gemm(const DynamicWorkspace& ws, const kernels::MoeGemmParam
 
 void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& gws, DynamicWorkspace& ws,
                     const RunArgs& a) {
-  // The m-tile (dynamic_bf16.cuh: 256 routed rows; here 32, 64 or 128 from the rows per expert) is
+  // The m-tile (dynamic_bf16.cuh: 256 routed rows; here 16, 32, 64 or 128 from the rows per expert) is
   // chosen before the routing builds the tile list, and with it the path.
   const bool bf16 = dynamic_uses_bf16(c, ws, a.tokens);
   const int tile_m = bf16 ? dynamic_bf16_tile_m() : dynamic_tile_m(a.tokens * c.top_k, c.local_count(), ws.tile_m);

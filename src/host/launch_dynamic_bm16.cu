@@ -1,5 +1,5 @@
-// dynamic's register-path GEMM with m-tiles of 16 routed rows (launch_dynamic_gemm.cuh): forced only
-// (RunnerOptions::dynamic_tile_m = 16).
+// dynamic's register-path GEMM with m-tiles of 16 routed rows (launch_dynamic_gemm.cuh): up to 8
+// routed rows per expert (launch_dynamic.cu dynamic_tile_m).
 #include "host/launch_dynamic_gemm.cuh"
 
 namespace fp4moe::gpu {

@@ -74,7 +74,7 @@
 
 namespace fp4moe::kernels::dynamic {
 
-// Routed rows per m-tile (the wgmma N): BM = 16 (forced only), 32, 64 or 128, a template parameter of the kernel, chosen
+// Routed rows per m-tile (the wgmma N): BM = 16, 32, 64 or 128, a template parameter of the kernel, chosen
 // per call from the routed rows per expert (launch_dynamic.cu dynamic_tile_m). Why: the tensor cores
 // multiply the whole tile, so with 8 rows per expert (qwen3-30b-a3b at T = 128) a 128-row tile spends
 // 16 times the MACs the rows need (~0.2 ms of MMAs there); at 32 rows the dequantisation is left.
@@ -90,7 +90,7 @@ inline constexpr int kThreads = kWarpgroup * (1 + kConsumers);
 // flight (produce). Why: the weights stream from HBM through the stages alone; HBM needs ~50 KB per
 // SM in flight. At BM = 32 both variants instead run two CTAs per SM (kCtasPerSm): the f16 one with 8
 // stages each, the bf16 one with 6 (its 40 KB of lookup tables leave room for no more: 2 × ~110 KB).
-// At BM = 16 (forced only: RunnerOptions::dynamic_tile_m) a stage is 6.5 KB: 12 of them (f16) or 8
+// At BM = 16 (up to 8 routed rows per expert) a stage is 6.5 KB: 12 of them (f16) or 8
 // (bf16, beside its tables) fit each of two CTAs an SM.
 template <int BM, bool kF16 = false>
 inline constexpr int kStagesOf = BM == 16 ? (kF16 ? 12 : 8) : BM == 32 ? (kF16 ? 8 : 6) : (BM == 64 ? 10 : 5);

@@ -426,7 +426,7 @@ TEST(GpuDynamicGemm, MatchesCpuGemmOfDequantisedWeights) {
   REQUIRE_SM90();
   uint64_t seed = 100;
   for (const GemmCase& g : register_path_cases())
-    for (int tile_m : {16, 32, 64, 128}) {  // every m-tile the dispatcher picks (dynamic_tile_m), and 16 (forced only)
+    for (int tile_m : {16, 32, 64, 128}) {  // every m-tile the dispatcher picks (dynamic_tile_m)
       SCOPED_TRACE(describe(g) + " m-tiles of " + std::to_string(tile_m));
       run_gemm_case(g, seed++, 0, tile_m);
     }
@@ -447,31 +447,34 @@ TEST(GpuDynamicGemm, F16PathMatchesCpuGemmOfDequantisedWeights) {
   }
 }
 
-// The register path's m-tile per call (no GPU needed): the smallest of 32, 64, 128 routed rows that
+// The register path's m-tile per call (no GPU needed): the smallest of 16, 32, 64, 128 routed rows that
 // holds twice the average rows per local expert; a small call after a large one picks its own small
 // tile again; a forced tile (RunnerOptions::dynamic_tile_m) is taken as it is.
 TEST(DynamicTileM, SmallestTileHoldingTwiceTheAverageRowsPerExpert) {
-  EXPECT_EQ(gpu::dynamic_tile_m(128 * 8, 128), 32);      // qwen3-30b-a3b T = 128: 8 rows per expert
+  EXPECT_EQ(gpu::dynamic_tile_m(128 * 8, 128), 16);      // qwen3-30b-a3b T = 128: 8 rows per expert
+  EXPECT_EQ(gpu::dynamic_tile_m(128 * 8 + 1, 128), 32);
+  EXPECT_EQ(gpu::dynamic_tile_m(64 * 2, 8), 32);         // mixtral-8x7b T = 64: 16 per expert
   EXPECT_EQ(gpu::dynamic_tile_m(16 * 128, 128), 32);     // exactly 16 per expert
   EXPECT_EQ(gpu::dynamic_tile_m(16 * 128 + 1, 128), 64);
   EXPECT_EQ(gpu::dynamic_tile_m(512 * 8, 128), 64);      // qwen3 T = 512: 32 per expert
   EXPECT_EQ(gpu::dynamic_tile_m(512 * 8 + 1, 128), 128);
   EXPECT_EQ(gpu::dynamic_tile_m(1024 * 8, 128), 128);    // qwen3 T = 1024: 64 per expert
   EXPECT_EQ(gpu::dynamic_tile_m(4096 * 2, 8), 128);      // mixtral-8x7b T = 4096: 1024 per expert
-  EXPECT_EQ(gpu::dynamic_tile_m(1, 256), 32);            // T = 1, K = 1
+  EXPECT_EQ(gpu::dynamic_tile_m(1, 256), 16);            // T = 1, K = 1
   EXPECT_EQ(gpu::dynamic_tile_m(100000, 1), 128);        // one local expert
-  EXPECT_EQ(gpu::dynamic_tile_m(16, 8), 32);             // after a large call, a small one: 32 again
+  EXPECT_EQ(gpu::dynamic_tile_m(16, 8), 16);             // after a large call, a small one: 16 again
   // RunnerOptions::dynamic_tile_m: a forced tile wins over the rule, whichever way it differs.
   EXPECT_EQ(gpu::dynamic_tile_m(1024 * 8, 128, 32), 32);  // the rule says 128
-  EXPECT_EQ(gpu::dynamic_tile_m(128 * 8, 128, 128), 128); // the rule says 32
+  EXPECT_EQ(gpu::dynamic_tile_m(128 * 8, 128, 128), 128); // the rule says 16
   EXPECT_EQ(gpu::dynamic_tile_m(512 * 8, 128, 64), 64);
-  EXPECT_EQ(gpu::dynamic_tile_m(128 * 8, 128, 0), 32);    // 0: the rule
+  EXPECT_EQ(gpu::dynamic_tile_m(128 * 8, 128, 0), 16);    // 0: the rule
 }
 
-// static's m-tile per call (no GPU needed): dynamic's rule with 64 rows the largest (static has
+// static's m-tile per call (no GPU needed): dynamic's rule within 32 and 64 rows (static has
 // kernels for 32 and 64 only; launch_static_moe.cu).
-TEST(StaticTileM, DynamicRuleCappedAt64) {
-  EXPECT_EQ(gpu::static_tile_m(128 * 8, 128), 32);   // 8 rows per expert
+TEST(StaticTileM, DynamicRuleWithin32And64) {
+  EXPECT_EQ(gpu::static_tile_m(128 * 8, 128), 32);   // 8 rows per expert: the rule says 16
+  EXPECT_EQ(gpu::static_tile_m(1, 256), 32);         // T = 1, K = 1: the rule says 16
   EXPECT_EQ(gpu::static_tile_m(512 * 8, 128), 64);   // 32: the rule says 64
   EXPECT_EQ(gpu::static_tile_m(512 * 2, 8), 64);     // mixtral-8x7b T = 512: the rule says 128
   EXPECT_EQ(gpu::static_tile_m(4096, 1), 64);        // one local expert
