@@ -10,26 +10,22 @@
 namespace fp4moe::gpu {
 namespace {
 
-// kAuto on sm_90, from session 24's sweep (bench/results/h100-decode-sweep-20261206-s24.md: all six
-// named shapes at T = 1, 2, 4, 6, 8, 16, 32, 64, a4 and a16, direct_micro and dynamic forced on the
-// same inputs, on an H100, the card lent). Its T = 1…8 points ran twice (the second run's are in
-// h100-20261206-s24-epilogue-warps-ab.md, tree main): the same backend won at 45 of 48.
-//  - direct_micro while T·K ≤ 8 routes, both variants (NVFP4-a4's f16 one and the bf16 one). Session
-//    23's 32-row FC1 epilogue (dc9cb78: −10 to −12 % on dynamic's decode rows) moved the line down
-//    from sessions 17/18's (up to 16 routes, or up to 256 / 200 MiB of touched weights): dynamic now
-//    wins from 16 routes on at nearly every point (qwen3-30b-a3b T = 2: 34.3 against 39.2 µs;
-//    gpt-oss-120b T = 4: 115.3 against 118.8; mixtral-8x7b T = 8: 286.7 against 297.3), and at
-//    qwen3-30b-a3b T = 8, which the old byte clause gave direct_micro, by 7 % (73.4 against 79.1).
-//    direct_micro keeps the points of few, large experts, where dynamic's FC2 has fewer n-tiles than
-//    SMs (mixtral-8x7b T = 1, 2 experts: 96.2 against 155.3; llama4-scout T = 1: 46.9 against 83.3;
-//    gpt-oss-120b T = 2: 67.6 against 75.8).
-//  - The rule takes the faster backend at 50 of the sweep's 60 points at T ≤ 8 and at all 36 past
-//    it; over the 96 points it costs 0.47 % on average (session 17/18's line: 1.3 %, up to 17 % at
-//    qwen3-30b-a3b T = 2). The misses: llama4-scout a16 T = 4 and 6 (4–6 routes over 4–5 experts of
-//    67.5 MiB; dynamic 6.8 and 13 % faster, at a4 T = 6 2.7 %), qwen3-235b-a22b T = 1 (8 routes;
-//    dynamic 1.5 / 4.1 % faster) and T = 2 (16 routes; direct_micro 7.5 / 5.7 % faster), deepseek-v3
-//    a4 T = 4 (direct_micro 2.9 % faster), and two ties. No line in routes or touched bytes took these
-//    without losing more elsewhere (a 16-route line: 1.4 % on average, qwen3-30b-a3b T = 2 +14–17 %).
+// kAuto on sm_90, from session 29's sweep (bench/results/h100-decode-sweep-20261206-s29.md: all six
+// named shapes at T = 1, 2, 4, 6, 8, 16, a4 and a16, direct_micro and dynamic forced on the same
+// inputs, on an H100, the card lent; dynamic with the 16-row m-tiles kAuto takes since then).
+//  - direct_micro while T·K ≤ 2 routes, both variants (NVFP4-a4's f16 one and the bf16 one). The
+//    16-row tiles moved the line down from session 24's 8 routes: dynamic now wins at T = 1 on the
+//    shapes of K = 8 (qwen3-30b-a3b a4 25.5 against 27.8 µs, deepseek-v3 a4 89.9 against 98.1,
+//    qwen3-235b-a22b a4 50.8 against 58.2) and at T = 4 on the shapes of few, large experts
+//    (llama4-scout a4 122.7 against 143.3, mixtral-8x7b a4 221.0 against 243.3). direct_micro keeps
+//    T = 1, 2 of llama4-scout (K = 1; a4 T = 1 48.3 against 75.8) and T = 1 of mixtral-8x7b (K = 2;
+//    99.1 against 139.8), where dynamic's few items leave most CTAs idle.
+//  - The rule takes the faster backend at 67 of the sweep's 72 points; over them it costs 0.51 % on
+//    average (`python3 bench/sweep.py FILE --line direct_micro,dynamic`; session 24's 8-route line
+//    2.39 %). The misses: mixtral-8x7b T = 2 (4 routes; direct_micro 11.5 / 20.2 % faster, a4 / a16),
+//    qwen3-235b-a22b T = 2 (16 routes; direct_micro 0.5 / 3.3 % faster) and gpt-oss-120b a16 T = 1
+//    (4 routes; 0.8 %). A 4-route line takes mixtral T = 2 but gives llama4-scout T = 4 to direct_micro
+//    (17 % slower there; 0.55 % on average).
 //  - static is not taken: at no point of session 13's sweep was it faster than dynamic by more than
 //    0.7 % (a16; a4 4–10 % slower), since both run the same GEMM core and static saves only launches.
 //  - dynamic above that on sm_90 (wgmma): faster than generic at 34 of session 13's 35 points (up
@@ -42,7 +38,7 @@ constexpr int64_t kDirectMicroMaxRoutes = 1024;
 }  // namespace
 
 bool direct_micro_preferred(const MoeConfig& c, int64_t routes, bool dynamic_runs) {
-  constexpr int64_t kMaxRoutesBesideDynamic = 8;   // sm_90, both variants (session 24)
+  constexpr int64_t kMaxRoutesBesideDynamic = 2;   // sm_90, both variants (session 29)
   constexpr int64_t kRoutesPerExpertGeneric = 32;  // not sm_90
   if (dynamic_runs) return routes <= kMaxRoutesBesideDynamic;
   const int64_t touched_max = std::min<int64_t>(c.local_count(), routes);

@@ -474,13 +474,12 @@ TEST(GpuDynamic, DeterministicInAGraphAndPickedByAutoAboveDirectMicro) {
   const MoeConfig c = make_config(64, 512, 256, 8, WeightFormat::kMXFP4, ActMode::kA16, Activation::kSwigluOai, true);
   const Problem p = testkit::make_problem({c, 500, 66});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
-  // kAuto (gpu_runner.cpp, session 24's sweep): on sm_90 direct_micro while T·K ≤ 8 routes (here
-  // T = 1), then dynamic; elsewhere direct_micro while ≤ 32 routes per touched expert within the bf16
-  // variant's 512 routes (T ≤ 64), then generic.
+  // kAuto (gpu_runner.cpp, session 29's sweep): on sm_90 direct_micro while T·K ≤ 2 routes (here K
+  // = 8: never), then dynamic; elsewhere direct_micro while ≤ 32 routes per touched expert within the
+  // bf16 variant's 512 routes (T ≤ 64), then generic.
   MoeRunner autor(c, w, {.max_tokens = 16384});
   const bool sm90 = device_is_sm90();
-  EXPECT_EQ(autor.plan(1), Backend::kDirectMicro);
-  for (int64_t T : {2, 32, 64}) EXPECT_EQ(autor.plan(T), sm90 ? Backend::kDynamic : Backend::kDirectMicro) << T;
+  for (int64_t T : {1, 2, 32, 64}) EXPECT_EQ(autor.plan(T), sm90 ? Backend::kDynamic : Backend::kDirectMicro) << T;
   for (int64_t T : {65, 4096, 16384}) EXPECT_EQ(autor.plan(T), sm90 ? Backend::kDynamic : Backend::kGeneric) << T;
   MoeRunner r(c, w, {.max_tokens = 500, .backend = Backend::kDynamic});
   EXPECT_EQ(r.plan(500), Backend::kDynamic);
@@ -562,9 +561,10 @@ TEST(GpuDynamic, Bf16PathMatchesReferenceAndReplays) {
   EXPECT_FALSE(r.plan_bf16_copy(20));
   for (const Problem* p : {&big, static_cast<const Problem*>(&small), &big}) expect_run_matches_reference(r, *p);
   expect_graph_replays_deterministic(big, r, 3);
-  // kAuto keeps direct_micro for decode and takes the copy for prefill.
+  // kAuto takes the register path for decode (direct_micro where dynamic cannot run) and the copy for
+  // prefill.
   MoeRunner autor(c, w, {.max_tokens = 300, .prefill_bf16_bytes = 8 * kPerExpert, .prefill_bf16_min_rows = 64});
-  EXPECT_EQ(autor.plan(1), Backend::kDirectMicro);
+  EXPECT_EQ(autor.plan(1), device_is_sm90() ? Backend::kDynamic : Backend::kDirectMicro);
   EXPECT_FALSE(autor.plan_bf16_copy(1));
   EXPECT_EQ(autor.plan(300), Backend::kDynamic);
   EXPECT_TRUE(autor.plan_bf16_copy(300));
@@ -678,12 +678,20 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
   const Problem p = testkit::make_problem({c, 4, 71});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
   MoeRunner r(c, w, {.max_tokens = 4096});
-  // kAuto (gpu_runner.cpp, session 24's sweep): on sm_90 direct_micro while T·K ≤ 8 routes (here
-  // T = 1), then dynamic; elsewhere direct_micro up to its capacity (1024 routes on the f16 variant)
-  // while ≤ 32 per touched expert, then generic.
+  // kAuto (gpu_runner.cpp, session 29's sweep): on sm_90 direct_micro while T·K ≤ 2 routes (here
+  // K = 8: never; K = 2 below: T = 1), then dynamic; elsewhere direct_micro up to its capacity (1024
+  // routes on the f16 variant) while ≤ 32 per touched expert, then generic.
   const bool sm90 = device_is_sm90();
-  EXPECT_EQ(r.plan(1), Backend::kDirectMicro);
-  for (int64_t T : {2, 8, 32, 64, 128}) EXPECT_EQ(r.plan(T), sm90 ? Backend::kDynamic : Backend::kDirectMicro) << T;
+  for (int64_t T : {1, 2, 8, 32, 64, 128}) EXPECT_EQ(r.plan(T), sm90 ? Backend::kDynamic : Backend::kDirectMicro) << T;
+  {
+    const MoeConfig c2 = make_config(64, 256, 128, 2);
+    const Problem p2 = testkit::make_problem({c2, 2, 73});
+    PreparedWeights w2 = prepare_weights(c2, p2.checkpoint.view(), {.device = 0});
+    MoeRunner r2(c2, w2, {.max_tokens = 64});
+    EXPECT_EQ(r2.plan(1), Backend::kDirectMicro);  // 2 routes
+    EXPECT_EQ(r2.plan(2), sm90 ? Backend::kDynamic : Backend::kDirectMicro);
+    expect_run_matches_reference(r2, p2);
+  }
   for (int64_t T : {129, 4096}) EXPECT_EQ(r.plan(T), sm90 ? Backend::kDynamic : Backend::kGeneric) << T;
   EXPECT_EQ(MoeRunner(c, w, {.max_tokens = 64, .backend = Backend::kGeneric}).plan(1), Backend::kGeneric);
   // Forced: each variant's capacity (NVFP4-a4: the f16 variant, 1024 routes; a16: bf16, 512).
@@ -696,8 +704,8 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
   MoeRunner forced16(c16, w16, {.max_tokens = 4096, .backend = Backend::kDirectMicro});
   EXPECT_EQ(forced16.plan(64), Backend::kDirectMicro);  // 512 routes
   EXPECT_ERROR(Unsupported, forced16.plan(65), "options.backend", "T·K = 65·8 = 520", "past the 512");
-  MoeRunner auto16(c16, w16, {.max_tokens = 4096});  // the bf16 variant: the same 8-route line on sm_90
-  EXPECT_EQ(auto16.plan(1), Backend::kDirectMicro);
+  MoeRunner auto16(c16, w16, {.max_tokens = 4096});  // the bf16 variant: the same 2-route line on sm_90
+  EXPECT_EQ(auto16.plan(1), sm90 ? Backend::kDynamic : Backend::kDirectMicro);
   EXPECT_EQ(auto16.plan(2), sm90 ? Backend::kDynamic : Backend::kDirectMicro);
   EXPECT_EQ(auto16.plan(64), sm90 ? Backend::kDynamic : Backend::kDirectMicro);
   EXPECT_NE(auto16.plan(65), Backend::kDirectMicro);
