@@ -48,8 +48,8 @@ bool static_supports(const MoeConfig& c, const StaticWorkspace& ws, int64_t toke
 
 // dynamic's rule (twice the average rows per expert), with 64 rows the largest tile: static serves
 // at most kStaticMaxRoutes routes, so a 128-row tile would only be chosen past 64 routes per expert
-// (few experts), where dynamic is the backend to use. 32 the smallest: static has no 16-row kernels
-// (the bound binds once dynamic's rule takes 16, docs/wip/bm16-auto.patch).
+// (few experts), where dynamic is the backend to use. 32 the smallest: static has no 16-row kernels,
+// which dynamic's rule takes up to 8 routed rows per expert.
 int static_tile_m(int64_t routes, int experts) { return std::clamp(dynamic_tile_m(routes, experts), 32, 64); }
 
 void launch_static(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& gws, StaticWorkspace& ws,
