@@ -34,11 +34,12 @@ namespace {
 //  - generic where dynamic cannot run (not sm_90); there direct_micro keeps session 6's line of 32
 //    routes per expert (h200-crossover-20261202.md: it beat generic by 1.17–3.3× inside it).
 constexpr int64_t kDirectMicroMaxRoutes = 1024;
+// kAuto's line beside dynamic (sm_90, both variants; session 29's sweep, above).
+constexpr int64_t kMaxRoutesBesideDynamic = 2;
 
 }  // namespace
 
 bool direct_micro_preferred(const MoeConfig& c, int64_t routes, bool dynamic_runs) {
-  constexpr int64_t kMaxRoutesBesideDynamic = 2;   // sm_90, both variants (session 29)
   constexpr int64_t kRoutesPerExpertGeneric = 32;  // not sm_90
   if (dynamic_runs) return routes <= kMaxRoutesBesideDynamic;
   const int64_t touched_max = std::min<int64_t>(c.local_count(), routes);
@@ -56,23 +57,28 @@ class GpuRunner final : public Runner {
                    ", runner on device ", device);
     DeviceGuard guard(device_);
     generic_ = std::make_unique<GenericWorkspace>(c, *w_, o.max_tokens);
-    // direct_micro's workspace only where a call can reach it: forced, or picked by kAuto.
-    const bool dm_reachable =
-        o.backend == Backend::kDirectMicro || (o.backend == Backend::kAuto && kDirectMicroMaxRoutes > 0);
-    // Sized for the variant's capacity, which kAuto's line (kDirectMicroMaxRoutes) reaches too.
-    if (dm_reachable && direct_micro_supports(c, 1, nullptr))
-      dm_ = std::make_unique<DirectMicroWorkspace>(c, *w_, o.max_tokens);
     // dynamic (prefill, wgmma) has no buffers of its own (generic's routing, gather and combine
     // buffers serve it); its workspace records whether the device can run it.
-    // static: forced only, until the decode sweep places it in kAuto's order.
-    if (o.backend == Backend::kStatic) st_ = std::make_unique<StaticWorkspace>(device_);
     if (o.backend == Backend::kDynamic || o.backend == Backend::kAuto) {
       dyn_ = std::make_unique<DynamicWorkspace>(device_);
       dyn_->tile_m = o.dynamic_tile_m;
     }
+    const bool dynamic_runs = dyn_ && dynamic_supports(*dyn_, nullptr);
+    // direct_micro's workspace only for the calls that can reach it: forced, every T up to
+    // max_tokens (within the variant's capacity); kAuto, its line: T·K ≤ 2 beside dynamic on sm_90
+    // (none at all for K > 2), up to the capacity elsewhere. Its buffers grow with the routes
+    // (deepseek-v3 at 1024 routes: ~45 MB a runner, one runner a layer).
+    int64_t dm_tokens = 0;
+    if (o.backend == Backend::kDirectMicro) dm_tokens = o.max_tokens;
+    if (o.backend == Backend::kAuto)
+      dm_tokens = std::min(o.max_tokens, (dynamic_runs ? kMaxRoutesBesideDynamic : kDirectMicroMaxRoutes) / c.top_k);
+    if (dm_tokens > 0 && direct_micro_supports(c, 1, nullptr))
+      dm_ = std::make_unique<DirectMicroWorkspace>(c, *w_, dm_tokens);
+    // static: forced only, until the decode sweep places it in kAuto's order.
+    if (o.backend == Backend::kStatic) st_ = std::make_unique<StaticWorkspace>(device_);
     // The budget is checked wherever dynamic runs; the copy is allocated only where a call can take
     // it (max_tokens reaches the line).
-    if (dyn_ && dynamic_supports(*dyn_, nullptr) && o.prefill_bf16_bytes > 0)
+    if (dynamic_runs && o.prefill_bf16_bytes > 0)
       reserve_dynamic_bf16(*dyn_, c, *w_, o.prefill_bf16_bytes, o.prefill_bf16_min_rows,
                            o.max_tokens * c.top_k >= o.prefill_bf16_min_rows * c.num_experts);
   }
@@ -80,7 +86,7 @@ class GpuRunner final : public Runner {
   Backend select(int64_t T) const override {
     const int64_t routes = T * c_.top_k;
     const bool dynamic_runs = dyn_ && dynamic_supports(*dyn_, nullptr);
-    if (dm_ && routes <= kDirectMicroMaxRoutes && direct_micro_preferred(c_, routes, dynamic_runs) &&
+    if (dm_ && routes <= dm_->max_routes && direct_micro_preferred(c_, routes, dynamic_runs) &&
         direct_micro_supports(c_, T, nullptr))
       return Backend::kDirectMicro;
     if (dynamic_runs) return Backend::kDynamic;
@@ -95,7 +101,14 @@ class GpuRunner final : public Runner {
           if (why) *why = "direct_micro is only built for runners created with backend = kDirectMicro";
           return false;
         }
-        return direct_micro_supports(c_, T, why);
+        if (!direct_micro_supports(c_, T, why)) return false;
+        if (T * c_.top_k > dm_->max_routes) {  // kAuto's workspace holds only its line's routes
+          if (why)
+            *why = detail::concat("T·K = ", T, "·", c_.top_k, " = ", T * c_.top_k, " routes is past the ",
+                                  dm_->max_routes, " that this runner's direct_micro workspace holds");
+          return false;
+        }
+        return true;
       case Backend::kDynamic:
         if (!dyn_) {
           if (why) *why = "dynamic is only built for runners created with backend = kDynamic";

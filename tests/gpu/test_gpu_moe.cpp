@@ -691,6 +691,15 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
     EXPECT_EQ(r2.plan(1), Backend::kDirectMicro);  // 2 routes
     EXPECT_EQ(r2.plan(2), sm90 ? Backend::kDynamic : Backend::kDirectMicro);
     expect_run_matches_reference(r2, p2);
+    // T = 1 through kAuto's direct_micro workspace, which on sm_90 holds only the line's 2 routes.
+    Problem p21 = testkit::make_problem({c2, 1, 74});
+    p21.checkpoint = p2.checkpoint;
+    expect_run_matches_reference(r2, p21);
+  }
+  // kAuto allocates direct_micro's workspace only for its line: none at K = 8 on sm_90, where the
+  // line (2 routes) is below one token's routes, so its workspace is dynamic's.
+  if (sm90) {
+    EXPECT_EQ(r.workspace_bytes(), MoeRunner(c, w, {.max_tokens = 4096, .backend = Backend::kDynamic}).workspace_bytes());
   }
   for (int64_t T : {129, 4096}) EXPECT_EQ(r.plan(T), sm90 ? Backend::kDynamic : Backend::kGeneric) << T;
   EXPECT_EQ(MoeRunner(c, w, {.max_tokens = 64, .backend = Backend::kGeneric}).plan(1), Backend::kGeneric);
