@@ -63,7 +63,6 @@ class GpuRunner final : public Runner {
       dyn_ = std::make_unique<DynamicWorkspace>(device_);
       dyn_->tile_m = o.dynamic_tile_m;
     }
-    const bool dynamic_runs = dyn_ && dynamic_supports(*dyn_, nullptr);
     // direct_micro's workspace only for the calls that can reach it: forced, every T up to
     // max_tokens (within the variant's capacity); kAuto, its line: T·K ≤ 2 beside dynamic on sm_90
     // (none at all for K > 2), up to the capacity elsewhere. Its buffers grow with the routes
@@ -71,25 +70,22 @@ class GpuRunner final : public Runner {
     int64_t dm_tokens = 0;
     if (o.backend == Backend::kDirectMicro) dm_tokens = o.max_tokens;
     if (o.backend == Backend::kAuto)
-      dm_tokens = std::min(o.max_tokens, (dynamic_runs ? kMaxRoutesBesideDynamic : kDirectMicroMaxRoutes) / c.top_k);
+      dm_tokens = std::min(o.max_tokens, (dynamic_runs() ? kMaxRoutesBesideDynamic : kDirectMicroMaxRoutes) / c.top_k);
     if (dm_tokens > 0 && direct_micro_supports(c, 1, nullptr))
       dm_ = std::make_unique<DirectMicroWorkspace>(c, *w_, dm_tokens);
     // static: forced only, until the decode sweep places it in kAuto's order.
     if (o.backend == Backend::kStatic) st_ = std::make_unique<StaticWorkspace>(device_);
     // The budget is checked wherever dynamic runs; the copy is allocated only where a call can take
     // it (max_tokens reaches the line).
-    if (dynamic_runs && o.prefill_bf16_bytes > 0)
+    if (dynamic_runs() && o.prefill_bf16_bytes > 0)
       reserve_dynamic_bf16(*dyn_, c, *w_, o.prefill_bf16_bytes, o.prefill_bf16_min_rows,
                            o.max_tokens * c.top_k >= o.prefill_bf16_min_rows * c.num_experts);
   }
 
   Backend select(int64_t T) const override {
-    const int64_t routes = T * c_.top_k;
-    const bool dynamic_runs = dyn_ && dynamic_supports(*dyn_, nullptr);
-    if (dm_ && routes <= dm_->max_routes && direct_micro_preferred(c_, routes, dynamic_runs) &&
-        direct_micro_supports(c_, T, nullptr))
+    if (direct_micro_preferred(c_, T * c_.top_k, dynamic_runs()) && supports(Backend::kDirectMicro, T, nullptr))
       return Backend::kDirectMicro;
-    if (dynamic_runs) return Backend::kDynamic;
+    if (dynamic_runs()) return Backend::kDynamic;
     return Backend::kGeneric;
   }
 
@@ -149,6 +145,9 @@ class GpuRunner final : public Runner {
   }
 
  private:
+  // dynamic can take calls: a kDynamic or kAuto runner on an sm_90 device.
+  bool dynamic_runs() const { return dyn_ && dynamic_supports(*dyn_, nullptr); }
+
   MoeConfig c_;
   std::shared_ptr<const DeviceWeights> w_;
   int device_;
