@@ -1,7 +1,7 @@
 // kAuto's direct_micro / dynamic line (gpu_runner.cpp) against the sweep it was read from
 // (bench/results/h100-decode-sweep-20261206-s29.md, all six named shapes, a4 and a16, T = 1…16; T = 32
 // and 64 from session 24's, h100-decode-sweep-20261206-s24.md, where dynamic won everywhere): the
-// backend the rule takes at each point must be the one that was faster there, save the five points
+// backend the rule takes at each point must be the one that was faster there, save the three points
 // the rule gives up (gpu_runner.cpp names them), which are left out. No GPU needed: the rule is host
 // arithmetic.
 #include <gtest/gtest.h>
@@ -38,21 +38,21 @@ struct SweepRow {
 };
 
 TEST(Dispatch, DirectMicroLineFollowsTheSweep) {
-  // Session 29's sweep, a4 then a16, save the five points the rule gives up (gpu_runner.cpp names
-  // them: mixtral-8x7b T = 2, qwen3-235b-a22b T = 2, gpt-oss-120b a16 T = 1).
+  // Session 29's sweep, a4 then a16, save the three points the rule gives up (gpu_runner.cpp names
+  // them: gpt-oss-120b a4 T = 1, qwen3-235b-a22b T = 2).
   const std::vector<SweepRow> sweep = {
       {"qwen3-30b-a3b", ActMode::kA4, {}, {1, 2, 4, 6, 8, 16, 32, 64}},
       {"qwen3-235b-a22b", ActMode::kA4, {}, {1, 4, 6, 8, 16, 32, 64}},
       {"deepseek-v3", ActMode::kA4, {}, {1, 2, 4, 6, 8, 16, 32, 64}},
-      {"gpt-oss-120b", ActMode::kA4, {}, {1, 2, 4, 6, 8, 16, 32, 64}},
+      {"gpt-oss-120b", ActMode::kA4, {}, {2, 4, 6, 8, 16, 32, 64}},
       {"llama4-scout", ActMode::kA4, {1, 2}, {4, 6, 8, 16, 32, 64}},
-      {"mixtral-8x7b", ActMode::kA4, {1}, {4, 6, 8, 16, 32, 64}},
+      {"mixtral-8x7b", ActMode::kA4, {1, 2}, {4, 6, 8, 16, 32, 64}},
       {"qwen3-30b-a3b", ActMode::kA16, {}, {1, 2, 4, 6, 8, 16, 32, 64}},
       {"qwen3-235b-a22b", ActMode::kA16, {}, {1, 4, 6, 8, 16, 32, 64}},
       {"deepseek-v3", ActMode::kA16, {}, {1, 2, 4, 6, 8, 16, 32, 64}},
-      {"gpt-oss-120b", ActMode::kA16, {}, {2, 4, 6, 8, 16, 32, 64}},
+      {"gpt-oss-120b", ActMode::kA16, {1}, {2, 4, 6, 8, 16, 32, 64}},
       {"llama4-scout", ActMode::kA16, {1, 2}, {4, 6, 8, 16, 32, 64}},
-      {"mixtral-8x7b", ActMode::kA16, {1}, {4, 6, 8, 16, 32, 64}},
+      {"mixtral-8x7b", ActMode::kA16, {1, 2}, {4, 6, 8, 16, 32, 64}},
   };
   for (const SweepRow& row : sweep) {
     const MoeConfig c = shape_config(row.model, row.mode);
@@ -65,16 +65,20 @@ TEST(Dispatch, DirectMicroLineFollowsTheSweep) {
 
 TEST(Dispatch, DirectMicroLineArithmetic) {
   MoeConfig c = shape_config("qwen3-30b-a3b", ActMode::kA4);
-  // Beside dynamic (sm_90): direct_micro up to 2 routes, whatever the variant, bytes or experts.
+  // Beside dynamic (sm_90): direct_micro while T ≤ 2 and T·K ≤ 4, whatever the variant, bytes,
+  // experts or local range: K = 1 and 2 take T = 1, 2; K = 3 and 4 take T = 1; K > 4 never.
   for (const ActMode mode : {ActMode::kA4, ActMode::kA16, ActMode::kA8}) {
-    for (const char* name : {"qwen3-30b-a3b", "mixtral-8x7b", "llama4-scout", "deepseek-v3"}) {
+    for (const char* name : {"qwen3-30b-a3b", "mixtral-8x7b", "llama4-scout", "deepseek-v3", "gpt-oss-120b"}) {
       MoeConfig m = shape_config(name, mode);
-      EXPECT_TRUE(gpu::direct_micro_preferred(m, 1, true)) << name;
-      EXPECT_TRUE(gpu::direct_micro_preferred(m, 2, true)) << name;
-      EXPECT_FALSE(gpu::direct_micro_preferred(m, 3, true)) << name;
-      m.local_expert_count = 2;
-      EXPECT_TRUE(gpu::direct_micro_preferred(m, 2, true)) << name;
-      EXPECT_FALSE(gpu::direct_micro_preferred(m, 8, true)) << name;
+      for (const int k : {1, 2, 3, 4, 5, 8, 10}) {
+        m.top_k = k;
+        for (const int local : {-1, 2}) {
+          m.local_expert_count = local;
+          for (int64_t T = 1; T <= 8; ++T)
+            EXPECT_EQ(gpu::direct_micro_preferred(m, T * k, true), T <= 2 && T * k <= 4)
+                << name << " K=" << k << " T=" << T << " local " << local;
+        }
+      }
     }
   }
   // Without dynamic (not sm_90): 32 routes per touched expert (touched: min(E_local, T·K)).

@@ -474,8 +474,8 @@ TEST(GpuDynamic, DeterministicInAGraphAndPickedByAutoAboveDirectMicro) {
   const MoeConfig c = make_config(64, 512, 256, 8, WeightFormat::kMXFP4, ActMode::kA16, Activation::kSwigluOai, true);
   const Problem p = testkit::make_problem({c, 500, 66});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
-  // kAuto (gpu_runner.cpp, session 29's sweep): on sm_90 direct_micro while T·K ≤ 2 routes (here K
-  // = 8: never), then dynamic; elsewhere direct_micro while ≤ 32 routes per touched expert within the
+  // kAuto (gpu_runner.cpp, session 29's sweep): on sm_90 direct_micro while T ≤ 2 and T·K ≤ 4 (here
+  // K = 8: never), then dynamic; elsewhere direct_micro while ≤ 32 routes per touched expert within the
   // bf16 variant's 512 routes (T ≤ 64), then generic.
   MoeRunner autor(c, w, {.max_tokens = 16384});
   const bool sm90 = device_is_sm90();
@@ -561,11 +561,12 @@ TEST(GpuDynamic, Bf16PathMatchesReferenceAndReplays) {
   EXPECT_FALSE(r.plan_bf16_copy(20));
   for (const Problem* p : {&big, static_cast<const Problem*>(&small), &big}) expect_run_matches_reference(r, *p);
   expect_graph_replays_deterministic(big, r, 3);
-  // kAuto takes the register path for decode (direct_micro where dynamic cannot run) and the copy for
-  // prefill.
+  // kAuto takes direct_micro on its line (T = 1 at K = 4), the register path above it for decode
+  // and the copy for prefill.
   MoeRunner autor(c, w, {.max_tokens = 300, .prefill_bf16_bytes = 8 * kPerExpert, .prefill_bf16_min_rows = 64});
-  EXPECT_EQ(autor.plan(1), device_is_sm90() ? Backend::kDynamic : Backend::kDirectMicro);
-  EXPECT_FALSE(autor.plan_bf16_copy(1));
+  EXPECT_EQ(autor.plan(1), Backend::kDirectMicro);
+  EXPECT_EQ(autor.plan(2), Backend::kDynamic);
+  EXPECT_FALSE(autor.plan_bf16_copy(2));
   EXPECT_EQ(autor.plan(300), Backend::kDynamic);
   EXPECT_TRUE(autor.plan_bf16_copy(300));
   // A budget below one expert, and negative values, are refused by name.
@@ -678,8 +679,8 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
   const Problem p = testkit::make_problem({c, 4, 71});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
   MoeRunner r(c, w, {.max_tokens = 4096});
-  // kAuto (gpu_runner.cpp, session 29's sweep): on sm_90 direct_micro while T·K ≤ 2 routes (here
-  // K = 8: never; K = 2 below: T = 1), then dynamic; elsewhere direct_micro up to its capacity (1024
+  // kAuto (gpu_runner.cpp, session 29's sweep): on sm_90 direct_micro while T ≤ 2 and T·K ≤ 4 (here
+  // K = 8: never; K = 2 below: T = 1, 2), then dynamic; elsewhere direct_micro up to its capacity (1024
   // routes on the f16 variant) while ≤ 32 per touched expert, then generic.
   const bool sm90 = device_is_sm90();
   for (int64_t T : {1, 2, 8, 32, 64, 128}) EXPECT_EQ(r.plan(T), sm90 ? Backend::kDynamic : Backend::kDirectMicro) << T;
@@ -689,15 +690,16 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
     PreparedWeights w2 = prepare_weights(c2, p2.checkpoint.view(), {.device = 0});
     MoeRunner r2(c2, w2, {.max_tokens = 64});
     EXPECT_EQ(r2.plan(1), Backend::kDirectMicro);  // 2 routes
-    EXPECT_EQ(r2.plan(2), sm90 ? Backend::kDynamic : Backend::kDirectMicro);
+    EXPECT_EQ(r2.plan(2), Backend::kDirectMicro);  // 4 routes
+    EXPECT_EQ(r2.plan(3), sm90 ? Backend::kDynamic : Backend::kDirectMicro);
     expect_run_matches_reference(r2, p2);
-    // T = 1 through kAuto's direct_micro workspace, which on sm_90 holds only the line's 2 routes.
+    // T = 1 through kAuto's direct_micro workspace, which on sm_90 holds only the line's 2 tokens.
     Problem p21 = testkit::make_problem({c2, 1, 74});
     p21.checkpoint = p2.checkpoint;
     expect_run_matches_reference(r2, p21);
   }
   // kAuto allocates direct_micro's workspace only for its line: none at K = 8 on sm_90, where the
-  // line (2 routes) is below one token's routes, so its workspace is dynamic's.
+  // line (4 routes) is below one token's routes, so its workspace is dynamic's.
   if (sm90) {
     EXPECT_EQ(r.workspace_bytes(), MoeRunner(c, w, {.max_tokens = 4096, .backend = Backend::kDynamic}).workspace_bytes());
   }
@@ -713,7 +715,7 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
   MoeRunner forced16(c16, w16, {.max_tokens = 4096, .backend = Backend::kDirectMicro});
   EXPECT_EQ(forced16.plan(64), Backend::kDirectMicro);  // 512 routes
   EXPECT_ERROR(Unsupported, forced16.plan(65), "options.backend", "T·K = 65·8 = 520", "past the 512");
-  MoeRunner auto16(c16, w16, {.max_tokens = 4096});  // the bf16 variant: the same 2-route line on sm_90
+  MoeRunner auto16(c16, w16, {.max_tokens = 4096});  // the bf16 variant: the same line on sm_90
   EXPECT_EQ(auto16.plan(1), sm90 ? Backend::kDynamic : Backend::kDirectMicro);
   EXPECT_EQ(auto16.plan(2), sm90 ? Backend::kDynamic : Backend::kDirectMicro);
   EXPECT_EQ(auto16.plan(64), sm90 ? Backend::kDynamic : Backend::kDirectMicro);
