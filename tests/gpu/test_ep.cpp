@@ -166,6 +166,7 @@ struct BitCase {
   IndexType ids;
   OutputDType out;
   bool give_counts;
+  Backend backend = Backend::kAuto;  // of both sides
 };
 
 class EpWorldOfOne : public ::testing::TestWithParam<BitCase> {};
@@ -173,14 +174,20 @@ class EpWorldOfOne : public ::testing::TestWithParam<BitCase> {};
 TEST_P(EpWorldOfOne, EqualsMoeRunnerBitForBit) {
   REQUIRE_GPUS(1);
   const BitCase bc = GetParam();
-  // Both sides run kAuto (the generic path today; direct_micro once it is dispatched to: its k-chunking
-  // depends only on the shape and the touched experts); a4 quantises with static scales, so each route's value does not depend on its batch.
+  // Bit for bit needs both sides on one backend with each route's value independent of its batch.
+  // The all-gather runner of a world of 1 sees MoeRunner's very call (T tokens, top_k K), so kAuto
+  // picks the same backend on both sides. The all-to-all runner sees T·K rows of top_k 1, where kAuto
+  // may pick another backend than MoeRunner's for T tokens of top_k K (T = 1, K = 4: direct_micro
+  // for MoeRunner, dynamic for the T·K = 4 rows; gpu_runner.cpp's line), so those cases force dynamic
+  // on both sides: at a world of 1 it gets the same routes, m-tiles and work items either way. a4
+  // quantises with static scales, so each route's value does not depend on its batch.
   for (ActMode m : {ActMode::kA4, ActMode::kA16})
     for (int64_t T : {1, 5, 16, 300}) {
       const Problem p = testkit::make_problem({make_config(16, 256, 160, 4, m, bc.out), T, uint64_t(T * 13 + 1)});
-      const auto want = one_gpu(p, bc.ids);
+      const auto want = one_gpu(p, bc.ids, bc.backend);
       std::vector<EpTraffic> tr;
-      const auto got = run_ep(p, 1, {T}, {.strategy = bc.strategy}, bc.ids, bc.give_counts, &tr);
+      const auto got =
+          run_ep(p, 1, {T}, {.strategy = bc.strategy, .backend = bc.backend}, bc.ids, bc.give_counts, &tr);
       ASSERT_EQ(got[0].size(), want.size());
       EXPECT_TRUE(got[0] == want) << to_string(bc.strategy) << " " << p.config.to_string() << " T=" << T
                                   << ": differs from MoeRunner";
@@ -195,9 +202,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(BitCase{EpStrategy::kAllGatherReduceScatter, IndexType::kInt32, OutputDType::kBF16, true},
                       BitCase{EpStrategy::kAllGatherReduceScatter, IndexType::kInt64, OutputDType::kBF16, false},
                       BitCase{EpStrategy::kAllGatherReduceScatter, IndexType::kInt32, OutputDType::kFP32, false},
-                      BitCase{EpStrategy::kAllToAll, IndexType::kInt32, OutputDType::kBF16, false},
-                      BitCase{EpStrategy::kAllToAll, IndexType::kInt64, OutputDType::kBF16, true},
-                      BitCase{EpStrategy::kAllToAll, IndexType::kInt32, OutputDType::kFP32, false},
+                      BitCase{EpStrategy::kAllToAll, IndexType::kInt32, OutputDType::kBF16, false, Backend::kDynamic},
+                      BitCase{EpStrategy::kAllToAll, IndexType::kInt64, OutputDType::kBF16, true, Backend::kDynamic},
+                      BitCase{EpStrategy::kAllToAll, IndexType::kInt32, OutputDType::kFP32, false, Backend::kDynamic},
                       BitCase{EpStrategy::kAuto, IndexType::kInt32, OutputDType::kBF16, false}),
     [](const auto& info) {
       const BitCase& b = info.param;
