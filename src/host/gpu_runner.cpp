@@ -64,8 +64,9 @@ class GpuRunner final : public Runner {
                    ", runner on device ", device);
     DeviceGuard guard(device_);
     generic_ = std::make_unique<GenericWorkspace>(c, *w_, o.max_tokens);
-    // dynamic (prefill, wgmma) has no buffers of its own (generic's routing, gather and combine
-    // buffers serve it); its workspace records whether the device can run it.
+    // dynamic (prefill, wgmma): generic's routing, gather and combine buffers serve it; its own
+    // workspace records whether the device can run it and holds the last wave's split slots
+    // (sms × 16 KB, kernels/dynamic.cuh Split).
     if (o.backend == Backend::kDynamic || o.backend == Backend::kAuto) {
       dyn_ = std::make_unique<DynamicWorkspace>(device_);
       dyn_->tile_m = o.dynamic_tile_m;

@@ -117,7 +117,7 @@ kernels::generic::CombineParams combine_params(const MoeConfig& c, GenericWorksp
 // device facts its launches need and, when reserved, the bf16 path's weight copy.
 struct DynamicWorkspace {
   explicit DynamicWorkspace(int device);
-  size_t bytes() const { return w_bf16.bytes(); }
+  size_t bytes() const { return w_bf16.bytes() + split_partials.bytes() + split_flags.bytes(); }
   int sms = 0;              // persistent grid size
   std::string unsupported;  // why this device cannot run the kernels (empty: it can)
   // The bf16 path (kernels/dynamic_bf16.cuh): room for one GEMM's bf16 weights of bf16_group
@@ -126,6 +126,9 @@ struct DynamicWorkspace {
   int bf16_group = 0;
   int64_t bf16_min_rows = 0;
   int tile_m = 0;  // the register path's m-tile (RunnerOptions::dynamic_tile_m): 0 = dynamic_tile_m per call
+  // The register path's last-wave split (kernels/dynamic.cuh Split, kSplitTileM-row tiles): a slot of
+  // BN × 16 fp32 partial sums and a flag per CTA (sms × 16 KB in all), the flags 0 between launches.
+  DeviceBuffer split_partials, split_flags;
 };
 bool dynamic_supports(const DynamicWorkspace& ws, std::string* why);
 // Why `device` cannot run the wgmma kernels with `smem` bytes of shared memory per CTA (empty: it can).

@@ -62,6 +62,16 @@ DynamicWorkspace::DynamicWorkspace(int device) {
                             dynamic_gemm_opt_in<128>()})
       if (unsupported.empty() && !why.empty()) unsupported = why;
   }
+  if (unsupported.empty()) {
+    // A slot of BN × kSplitTileM floats and a flag a CTA of the split kernels' grid (every resident
+    // CTA: register_path_ctas_per_sm an SM).
+    constexpr size_t kCtas = std::max(dk::kCtasPerSm<dk::kSplitTileM, false>, dk::kCtasPerSm<dk::kSplitTileM, true>);
+    split_partials = DeviceBuffer(static_cast<size_t>(sms) * kCtas * dk::BN * dk::kSplitTileM * sizeof(float),
+                                  "workspace.dynamic_split_partials");
+    split_flags = DeviceBuffer(static_cast<size_t>(sms) * kCtas * sizeof(unsigned), "workspace.dynamic_split_flags");
+    FP4MOE_CUDA_CHECK(cudaMemset(split_flags.get(), 0, split_flags.bytes()));
+    FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());  // the flags are 0 before any stream uses them
+  }
 }
 
 bool dynamic_supports(const DynamicWorkspace& ws, std::string* why) {

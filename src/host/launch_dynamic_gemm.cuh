@@ -34,10 +34,20 @@ size_t dynamic_gemm_smem() {
   return std::max(dynamic_gemm_smem<BM>(true), dynamic_gemm_smem<BM>(false));
 }
 
-// The kernel instance of (FC1 or FC2, operand type): kF16 for p.f16, the NVFP4-a4 variant.
+// The kernel instance of (FC1 or FC2, operand type, split): kF16 for p.f16, the NVFP4-a4 variant;
+// split: the instance with the last wave's split (BM = kSplitTileM only).
 template <int BM>
-const void* dynamic_gemm_kernel(bool fc1, bool f16) {
+const void* dynamic_gemm_kernel(bool fc1, bool f16, bool split = false) {
   namespace dk = kernels::dynamic;
+  if constexpr (BM == dk::kSplitTileM) {
+    if (split) {
+      if (fc1) return f16 ? reinterpret_cast<const void*>(dk::gemm_kernel<true, BM, true, true>)
+                          : reinterpret_cast<const void*>(dk::gemm_kernel<true, BM, false, true>);
+      return f16 ? reinterpret_cast<const void*>(dk::gemm_kernel<false, BM, true, true>)
+                 : reinterpret_cast<const void*>(dk::gemm_kernel<false, BM, false, true>);
+    }
+  }
+  FP4MOE_REQUIRE(!split, InvalidArgument, "split", "the last wave's split has 16-row kernels only, not ", BM);
   if (fc1) return f16 ? reinterpret_cast<const void*>(dk::gemm_kernel<true, BM, true>)
                       : reinterpret_cast<const void*>(dk::gemm_kernel<true, BM, false>);
   return f16 ? reinterpret_cast<const void*>(dk::gemm_kernel<false, BM, true>)
@@ -72,13 +82,17 @@ std::string register_path_opt_in(const void* k, bool f16, const std::string& nam
 // Returns why the kernels cannot run here (empty: they can).
 template <int BM>
 std::string dynamic_gemm_opt_in() {
-  for (const bool fc1 : {true, false})
-    for (const bool f16 : {true, false}) {
-      const std::string why = register_path_opt_in<BM>(
-          dynamic_gemm_kernel<BM>(fc1, f16), f16,
-          "gemm_kernel (BM " + std::to_string(BM) + (fc1 ? ", fc1" : ", fc2") + (f16 ? ", f16)" : ", bf16)"));
-      if (!why.empty()) return why;
-    }
+  for (const bool split : {false, true}) {
+    if (split && BM != kernels::dynamic::kSplitTileM) continue;
+    for (const bool fc1 : {true, false})
+      for (const bool f16 : {true, false}) {
+        const std::string why = register_path_opt_in<BM>(
+            dynamic_gemm_kernel<BM>(fc1, f16, split), f16,
+            "gemm_kernel (BM " + std::to_string(BM) + (fc1 ? ", fc1" : ", fc2") + (f16 ? ", f16" : ", bf16") +
+                (split ? ", split)" : ")"));
+        if (!why.empty()) return why;
+      }
+  }
   return {};
 }
 
@@ -88,9 +102,22 @@ void launch_dynamic_gemm_bm(const DynamicWorkspace& ws, const kernels::MoeGemmPa
   const int n_tiles = dynamic_n_tiles(p, fc1);
   const int64_t work = tiles * n_tiles;
   if (work == 0) return;
-  // Persistent CTAs, as many as are resident at once (kCtasPerSm per SM).
+  // Persistent CTAs, at most as many as are resident at once (kCtasPerSm per SM) and no more than the
+  // most items the call can have; all of them where the last wave's split may follow (kSplitTileM-row
+  // tiles, items of at least kSplitMinItemStages stages, at most half the resident grid's items: the
+  // split shares them among every CTA), and only there the kernel instance with the split's code
+  // (kSplit). Session 31 (dynamic.cuh kSplitTileM): the whole resident grid launched where nothing
+  // split measured +2 to +5 %. The split's plan counts in 32 bits (dynamic.cuh SplitPlan):
+  // stages · CTAs < ktiles · grid² must stay below 2^31.
+  namespace dk = kernels::dynamic;
   const int per_sm = register_path_ctas_per_sm<BM>(p.f16);
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(int64_t{ws.sms} * per_sm, work));
+  const int64_t resident = int64_t{ws.sms} * per_sm;
+  const int64_t ktiles = p.k_pad / dk::BK;
+  dk::Split split{};
+  if (BM == dk::kSplitTileM && ws.split_partials.get() && ktiles >= dk::kSplitMinItemStages &&
+      ktiles * resident * resident < (int64_t{1} << 31))
+    split = {ws.split_partials.get<float>(), ws.split_flags.get<unsigned>()};
+  const unsigned grid = static_cast<unsigned>(split.partials && 2 * work <= resident ? resident : std::min(resident, work));
   const size_t smem = dynamic_gemm_smem<BM>(p.f16);
   FP4MOE_REQUIRE(!p.f16 || (p.nvfp4 && p.block == 16), InvalidArgument, "f16",
                  "dynamic's f16 register path reads NVFP4 weights (block 16), got ", p.nvfp4 ? "NVFP4" : "MX",
@@ -98,11 +125,11 @@ void launch_dynamic_gemm_bm(const DynamicWorkspace& ws, const kernels::MoeGemmPa
   kernels::MoeGemmParams args = p;
   kernels::dynamic::TensorMaps maps = register_path_maps(p, BM, fc1);
   int n = n_tiles;
-  void* argv[] = {&args, &maps, &n, &watchdog};
+  void* argv[] = {&args, &maps, &n, &split, &watchdog};
   // A programmatic dependent of the kernel before (the gather, or FC1): the CTAs' set-up overlaps its
   // tail (gemm_kernel waits for it after start_cta).
   const DependentLaunch l(dim3(grid), dim3(kernels::dynamic::kThreads), smem, s);
-  FP4MOE_CUDA_CHECK(cudaLaunchKernelExC(&l.config, dynamic_gemm_kernel<BM>(fc1, p.f16), argv));
+  FP4MOE_CUDA_CHECK(cudaLaunchKernelExC(&l.config, dynamic_gemm_kernel<BM>(fc1, p.f16, split.partials != nullptr), argv));
 }
 
 // One translation unit's instantiations for BM.

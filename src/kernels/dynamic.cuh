@@ -120,9 +120,10 @@ inline constexpr int kConsumerRegs =
 inline constexpr int kLdc = BN + 4;
 static_assert(BN == 64 * kConsumers, "one m64 wgmma row block of weights per consumer warpgroup");
 
-// Watchdog report: which barrier a thread gave up on (the last two: the bf16 path's FC1 staging,
-// dynamic_bf16.cuh).
-enum : int { kWaitEmpty = 1, kWaitFull = 2, kWaitStaged = 3, kWaitStagingFree = 4 };
+// Watchdog report: which barrier a thread gave up on (kWaitStaged and kWaitStagingFree: the bf16
+// path's FC1 staging, dynamic_bf16.cuh; kWaitSplit: a finishing piece's wait for a later CTA's
+// partial sums, whose report's step is that CTA).
+enum : int { kWaitEmpty = 1, kWaitFull = 2, kWaitStaged = 3, kWaitStagingFree = 4, kWaitSplit = 5 };
 
 inline constexpr int kRowTiles = BN / 16;   // weight row tiles (16 rows × 64 k) per n-tile
 inline constexpr int kMaxScaleBytes = 16 * 4;  // scale bytes per row tile and k-tile: 16 rows × 64 / 16
@@ -184,6 +185,108 @@ __device__ __forceinline__ TileInfo tile_at(const MoeGemmParams& p, int tile, in
 template <int BM>
 __device__ __forceinline__ TileInfo tile_info(const MoeGemmParams& p, int w, int n_tiles) {
   return tile_at<BM>(p, w / n_tiles, w % n_tiles);
+}
+
+// The last wave's split (dynamic's gemm_kernel only; static runs whole items). With W work items
+// over G persistent CTAs, the W mod G items past the last full wave would run on as many CTAs while
+// the rest of the grid idles: at decode (items of 16-32 k-stages, a few waves) that tail is up to a
+// fifth of a GEMM (session 24's profiles: SM active 86 % of elapsed in FC1 and FC2 at qwen3-30b-a3b
+// T = 16). Instead those items' k-stages are dealt evenly, in order, to `ctas` CTAs (at most G, each at
+// least kSplitMinStages): CTA b takes the rest's stages [first(b), first(b + 1)), as pieces of items.
+//   whole piece (k-stages 0..ktiles):       as before, its own epilogue;
+//   hand-off piece (starts past k-stage 0): stores its fp32 accumulators in slot b of `partials` and
+//                                           raises flag b (release): only a CTA's first piece can be one;
+//   finishing piece (k-stages 0..k1 < ktiles): the item's first stages, so its CTA runs it last; it then
+//                                           adds the later CTAs' slots in k order (acquire, then reset
+//                                           each flag to 0 for the next launch) and runs the epilogue.
+// The sum's order depends only on W, G and ktiles, so a call's result is deterministic. The waits go
+// from a CTA to later CTAs' first pieces, which wait for nothing, and the grid is no larger than the
+// CTAs resident at once (launch_dynamic_gemm_bm), so every wait ends. Where fewer are resident (the
+// GPU shared with other work), the CTAs start in index order as others exit, as stream-K GEMMs
+// assume: a waiting CTA's target is later, started or next to start, and the CTAs before it finish.
+// Only the kernels of kSplitTileM-row m-tiles split, and only a rest of at most half the grid
+// (split_plan). Session 29 (H100, bench/results/NOTES.md): split wherever the rest allowed, dynamic
+// at T = 1-2 on few experts ran 30-47 % faster (llama4-scout T = 1 94.0 -> 49.9 us, mixtral-8x7b
+// T = 2 202.6 -> 148.8), but every call with full waves ~10 % slower: the pieces' code after the
+// stage loop took ptxas's uniform registers, so each stage's descriptors moved through vector
+// registers (R2UR; the BM = 32 stage pair 380 -> 405 instructions, issue-bound). So the whole items
+// run in a loop of their own, as before the split, with only the plan's `whole` live across it, and
+// the plan is rebuilt for the pieces after it (produce, consume); and only the 16-row kernels' kSplit
+// instances (kAuto's decode tile) have the pieces' code at all. A rest past half the grid gains little
+// (its CTAs already draw most of the bandwidth, NOTES session 27's stage model) and pays the hand-offs.
+// Session 31 (H100, bench/results/h100-decode-20261207-s31-ab.md) measured this split with pieces of at
+// least 4 stages, every resident CTA launched and one instance: −20 to −46 % where items are long
+// (llama4-scout, mixtral-8x7b T = 1–2: 64–224 stages an item; gpt-oss-120b a16 T = 1–4: 45), but
+// +9 / +15 % (a16 / a4) at qwen3-30b-a3b T = 1 (items of 32 and 12 stages cut into pieces of 6–12: the
+// hand-offs cost more than the shorter pieces save) and +2 to +8 % where nothing split and the grid
+// had grown to every resident CTA (qwen3-30b-a3b T = 2, qwen3-235b-a22b and deepseek-v3 T = 1,
+// llama4-scout a4 T = 4; that the grid is the cause is not yet measured). So items shorter than
+// kSplitMinItemStages never split, a piece is at least kSplitMinStages long, and the host launches the
+// kSplit instance and the whole resident grid only where a split can follow (launch_dynamic_gemm_bm).
+inline constexpr int kSplitTileM = 16;
+// Fewest k-stages an item must have to be split, and fewest a CTA takes of the rest: a hand-off costs
+// its partial sums' store (BN × BM floats), a flag's release and acquire and the finisher's read on
+// the finisher's path (session 31: with pieces of 6–12 stages qwen3-30b-a3b T = 1 lost ~2 µs a GEMM).
+inline constexpr int kSplitMinItemStages = 40;
+inline constexpr int kSplitMinStages = 16;
+struct Split {
+  float* partials;   // [G][BM / 2][256]: a slot per CTA of the consumers' accumulators, or null: no split
+  unsigned* flags;   // [G], 0 between launches
+};
+// 32-bit throughout (a 64-bit division is a subroutine call, and a call anywhere in the kernel makes
+// ptxas serialise its wgmma): the host enables the split only where stages · G < 2^31.
+struct SplitPlan {
+  int whole;   // items [0, whole) run whole: CTA b takes b, b + G, ...
+  int ctas;    // CTAs sharing the rest (0: no split; the rest then runs whole too)
+  int stages;  // the rest's k-stages, (work − whole) · ktiles
+  __host__ __device__ __forceinline__ int first(int b) const {
+    return static_cast<int>(static_cast<unsigned>(stages) * static_cast<unsigned>(b) / static_cast<unsigned>(ctas));
+  }
+};
+// The plan of `work` items of ktiles k-stages over `grid` CTAs (host and device: DynamicSplit in
+// tests/gpu/test_gpu_dynamic.cu checks it on the host).
+__host__ __device__ __forceinline__ SplitPlan split_plan(bool on, int work, int grid, int ktiles) {
+  SplitPlan pl{work, 0, 0};
+  const int rest = work % grid;
+  if (!on || ktiles < kSplitMinItemStages || rest == 0 || 2 * rest > grid) return pl;
+  const int stages = rest * ktiles;
+  const int ctas = min(grid, stages / kSplitMinStages);
+  if (ctas <= rest) return pl;  // no item would be shared
+  pl.whole = work - rest;
+  pl.ctas = ctas;
+  pl.stages = stages;
+  return pl;
+}
+enum class Piece : int { kWhole, kHandOff, kFinish };
+struct ItemPiece {
+  int w, k0, k1;  // work item, its k-stages [k0, k1)
+  Piece kind;
+};
+// CTA b's pieces of the rest in order, one a call of next(), after its whole items b, b + G, ... below
+// pl.whole (a loop of their own: a loop over both kept the plan live across every stage loop, see
+// kSplitTileM).
+struct PieceCursor {
+  int g, g1;  // the next stage of the rest and the end of this CTA's
+  __host__ __device__ __forceinline__ PieceCursor(const SplitPlan& pl, int b)
+      : g(b < pl.ctas ? pl.first(b) : 0), g1(b < pl.ctas ? pl.first(b + 1) : 0) {}
+  __host__ __device__ __forceinline__ bool next(const SplitPlan& pl, int ktiles, ItemPiece& pc) {
+    if (g >= g1) return false;
+    const int r = g / ktiles, k0 = g - r * ktiles, k1 = min(ktiles, k0 + (g1 - g));
+    pc = {pl.whole + r, k0, k1, k0 > 0 ? Piece::kHandOff : k1 < ktiles ? Piece::kFinish : Piece::kWhole};
+    g += k1 - k0;
+    return true;
+  }
+};
+// The CTAs whose slots a finishing piece of item w on CTA b adds: [b + 1, finish_end).
+__host__ __device__ __forceinline__ int finish_end(const SplitPlan& pl, int b, int w, int ktiles) {
+  const int end = (w - pl.whole + 1) * ktiles;  // the item's stages end here in the rest's count
+  int e = b + 1;
+  while (e < pl.ctas && pl.first(e) < end) ++e;
+  return e;
+}
+// gemm_kernel's plan, from its parameters (the routing's m-tile count is written before the launch).
+__device__ __forceinline__ SplitPlan gemm_split_plan(const MoeGemmParams& p, int n_tiles, const Split& split) {
+  return split_plan(split.partials != nullptr, *p.num_tiles * n_tiles, static_cast<int>(gridDim.x), p.k_pad / BK);
 }
 
 // Expert e's alpha as the register path applies it: × 2^6 for kF16, whose weights frag_a_f16 reads as
@@ -293,16 +396,18 @@ __device__ __forceinline__ int map_row_tile(const MoeGemmParams& p, const TileIn
 // ring allows.
 // it: the ring's stages this thread has used so far (0 for the dynamic backend's one GEMM; the static
 // backend runs FC1's and FC2's items on one ring), advanced past the item's; the consumers count alike.
-// produce: CTA b's items b, b + grid, … of one GEMM (dynamic; static_moe.cuh runs FC1's and then FC2's).
+// produce: CTA b's items b, b + G, ... below `whole`, then its pieces of the rest (PieceCursor) of one
+// GEMM (dynamic; static_moe.cuh runs FC1's and then FC2's items whole).
 // ready (static's FC2, else null): before an item's first copy, wait until ready[its m-tile] reaches
 // `need` (FC1's items of that m-tile have all stored their A2 rows: consume's `done`), then fence
 // for the tensor copies that read them. started (static's trace, else null): the time past that wait.
+// k0, k1: the item's k-stages [k0, k1) (a piece of the last wave's split; k1 = -1: to the end).
 template <bool kFc1, int BM, bool kF16>
 __device__ __forceinline__ void produce_item(const MoeGemmParams& p, const TensorMaps* maps, Smem<BM, kF16>& sm,
                                              int n_tiles, int w, const ptx::Watchdog& wd, uint32_t& it,
                                              const unsigned* ready = nullptr, unsigned need = 0,
-                                             unsigned long long* started = nullptr) {
-  const int ktiles = p.k_pad / BK;
+                                             unsigned long long* started = nullptr, int k0 = 0, int k1 = -1) {
+  const int kend = k1 < 0 ? p.k_pad / BK : k1;
   const int scale_bytes = 16 * (64 / p.block);
   constexpr int kRing = Smem<BM, kF16>::kStages;
   constexpr uint32_t kCodeBytes = 32 * sizeof(uint4), kTileBytes = BM * BK * 2;
@@ -315,7 +420,7 @@ __device__ __forceinline__ void produce_item(const MoeGemmParams& p, const Tenso
     ptx::fence_proxy_async_global();  // the writers' A2 (generic proxy) → this CTA's tensor copies
   }
   if (started) *started = ptx::globaltimer_ns();  // diagnostics (static's trace)
-  for (int kt = 0; kt < ktiles; ++kt, ++it) {
+  for (int kt = k0; kt < kend; ++kt, ++it) {
     const int s = it % kRing;
     ptx::mbar_wait(&sm.empty[s], ((it / kRing) & 1) ^ 1, wd, kWaitEmpty, it);
     ptx::mbar_arrive_expect_tx(&sm.full[s], stage_bytes);  // before the copies it announces
@@ -328,11 +433,49 @@ __device__ __forceinline__ void produce_item(const MoeGemmParams& p, const Tenso
     }
   }
 }
-template <bool kFc1, int BM, bool kF16>
+template <bool kFc1, int BM, bool kF16, bool kSplit = false>
 __device__ __forceinline__ void produce(const MoeGemmParams& p, const TensorMaps* maps, Smem<BM, kF16>& sm, int n_tiles,
-                                        int work, const ptx::Watchdog& wd, uint32_t& it) {
+                                        const Split& split, int whole, const ptx::Watchdog& wd, uint32_t& it) {
   if (threadIdx.x != 0) return;
-  for (int w = blockIdx.x; w < work; w += gridDim.x) produce_item<kFc1, BM, kF16>(p, maps, sm, n_tiles, w, wd, it);
+  for (int w = blockIdx.x; w < whole; w += gridDim.x) produce_item<kFc1, BM, kF16>(p, maps, sm, n_tiles, w, wd, it);
+  if constexpr (kSplit) {
+    const SplitPlan pl = gemm_split_plan(p, n_tiles, split);
+    ItemPiece pc;
+    for (PieceCursor cur(pl, blockIdx.x); cur.next(pl, p.k_pad / BK, pc);)
+      produce_item<kFc1, BM, kF16>(p, maps, sm, n_tiles, pc.w, wd, it, nullptr, 0, nullptr, pc.k0, pc.k1);
+  }
+}
+
+// The last wave's split (SplitPlan), consumer threads ct = 0..255 of a CTA's two warpgroups. A hand-off
+// piece: the accumulators into this CTA's slot (element i of thread ct at [i][ct]: each store a
+// warp's 128 contiguous bytes), then, once every thread has stored (named barrier 1), flag b raised
+// with release semantics at GPU scope.
+template <int BM>
+__device__ __forceinline__ void hand_off(const Split& sp, const float (&acc)[BM / 2], int ct) {
+  constexpr int kN = kConsumers * kWarpgroup;
+  float* slot = sp.partials + static_cast<size_t>(blockIdx.x) * (BM / 2) * kN;
+#pragma unroll
+  for (int i = 0; i < BM / 2; ++i) __stcg(slot + i * kN + ct, acc[i]);
+  ptx::named_barrier_sync(1, kN);
+  if (ct == 0) ptx::st_release_gpu(sp.flags + blockIdx.x, 1u);
+}
+// A finishing piece of item w: adds, in k order, the slots of the CTAs b + 1, b + 2, ... whose ranges
+// start inside the item (each waits for its flag with acquire semantics, every thread for itself),
+// then resets their flags for the next launch once every thread has read (named barrier 1).
+template <int BM>
+__device__ __forceinline__ void add_partials(const Split& sp, const SplitPlan& pl, int w, int ktiles,
+                                             float (&acc)[BM / 2], int ct, const ptx::Watchdog& wd) {
+  constexpr int kN = kConsumers * kWarpgroup;
+  const int e = finish_end(pl, static_cast<int>(blockIdx.x), w, ktiles);
+  for (int b = static_cast<int>(blockIdx.x) + 1; b < e; ++b) {
+    ptx::flag_wait(sp.flags + b, wd, kWaitSplit, b);
+    const float* slot = sp.partials + static_cast<size_t>(b) * (BM / 2) * kN;
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) acc[i] += __ldcg(slot + i * kN + ct);
+  }
+  ptx::named_barrier_sync(1, kN);
+  if (ct == 0)
+    for (int b = static_cast<int>(blockIdx.x) + 1; b < e; ++b) sp.flags[b] = 0;
 }
 
 // Consumer warpgroup c (0 or 1): weight rows [64c, 64c + 64) of each n-tile against all BM routed
@@ -347,6 +490,10 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, const TensorMaps
 // done (static's FC1, else null): after an item's epilogue has stored its A2 rows, every consumer
 // thread fences them for the async proxy, and once both consumers have (named barrier 1) one thread
 // adds 1 to done[its m-tile] with release semantics (produce's `ready`).
+// k0, k1, kind, split, plan (dynamic's last-wave split, SplitPlan; k1 = -1: to the end): the item's
+// k-stages [k0, k1), and after them a hand-off piece stores its accumulators in this CTA's slot and
+// returns without an epilogue, a finishing piece adds the slots of the CTAs that took its later
+// stages before the epilogue (add_partials).
 // kParts (diagnostics: GpuDiagnostics.DISABLED_RegisterPathStagePerCta; the kernels use the default,
 // kAllParts): which parts of a stage run — kDequant (the fragments from the stage's codes and
 // scales; without it the raw code words stand in) and kMma (the wgmma group; without it the
@@ -354,11 +501,14 @@ __device__ __forceinline__ void produce(const MoeGemmParams& p, const TensorMaps
 enum : int { kDequant = 1, kMma = 2, kAllParts = 3 };
 template <bool kFc1, int BM, bool kF16, int kParts = kAllParts>
 __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, int w,
-                                             const ptx::Watchdog& wd, uint32_t& it, unsigned* done = nullptr) {
+                                             const ptx::Watchdog& wd, uint32_t& it, unsigned* done = nullptr,
+                                             int k0 = 0, int k1 = -1, Piece kind = Piece::kWhole,
+                                             const Split* split = nullptr, const SplitPlan* plan = nullptr) {
   const int c = threadIdx.x / kWarpgroup - 1;
   const int t = threadIdx.x % kWarpgroup, warp = t >> 5, lane = t & 31;
   const int ct = threadIdx.x - kWarpgroup;  // 0..255: this thread among both consumers (epilogue)
-  const int ktiles = p.k_pad / BK, sb = kF16 ? 4 : 64 / p.block, j = 4 * c + warp;  // j: this warp's row tile
+  const int ktiles = (k1 < 0 ? p.k_pad / BK : k1) - k0;  // this piece's k-stages
+  const int sb = kF16 ? 4 : 64 / p.block, j = 4 * c + warp;  // j: this warp's row tile
   const uint32_t a_base = ptx::smem_addr(sm.a[0]);
   FragLut lut{};  // the bf16 variant's tables (the f16 one has none)
   if constexpr (!kF16) lut = frag_lut(sm.tables);
@@ -457,6 +607,11 @@ __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF
     if (acc[0] == 1.2345e-30f) p.y[0] = acc[1];  // keeps the stages' work; practically never taken
     return;
   }
+  if (kind == Piece::kHandOff) {
+    hand_off<BM>(*split, acc, ct);
+    return;
+  }
+  if (kind == Piece::kFinish) add_partials<BM>(*split, *plan, w, p.k_pad / BK, acc, ct, wd);
 
   if (!kFc1 && ct < BM) sm.rw[ct] = rw;  // read after finish_tile's first barrier
   finish_tile<kFc1, BM, kF16>(p, ti, kFc1 ? expert_alpha<kF16>(p, ti.e) : alpha, acc, sm.c, c, t, ct, sm.rw);
@@ -466,11 +621,18 @@ __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF
     if (ct == 0) ptx::red_release_gpu_add(done + w / n_tiles, 1);
   }
 }
-// CTA b's items b, b + grid, … of one GEMM (dynamic; static_moe.cuh runs FC1's and then FC2's).
-template <bool kFc1, int BM, bool kF16>
-__device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, int work,
-                                        const ptx::Watchdog& wd, uint32_t& it) {
-  for (int w = blockIdx.x; w < work; w += gridDim.x) consume_item<kFc1, BM, kF16>(p, sm, n_tiles, w, wd, it);
+// CTA b's items b, b + G, ... below `whole`, then its pieces of the rest (PieceCursor) of one GEMM
+// (dynamic; static_moe.cuh runs FC1's and then FC2's items whole).
+template <bool kFc1, int BM, bool kF16, bool kSplit = false>
+__device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, const Split& split,
+                                        int whole, const ptx::Watchdog& wd, uint32_t& it) {
+  for (int w = blockIdx.x; w < whole; w += gridDim.x) consume_item<kFc1, BM, kF16>(p, sm, n_tiles, w, wd, it);
+  if constexpr (kSplit) {
+    const SplitPlan pl = gemm_split_plan(p, n_tiles, split);
+    ItemPiece pc;
+    for (PieceCursor cur(pl, blockIdx.x); cur.next(pl, p.k_pad / BK, pc);)
+      consume_item<kFc1, BM, kF16>(p, sm, n_tiles, pc.w, wd, it, nullptr, pc.k0, pc.k1, pc.kind, &split, &pl);
+  }
 }
 
 // A register-path CTA's start (dynamic's gemm_kernel, static's static_kernel), all threads: the
@@ -501,13 +663,19 @@ __device__ __forceinline__ bool take_role() {
 }
 
 // n_tiles: weight n-tiles per m-tile (FC1 gated: i_pad / 64; otherwise ceil(w_rows / 128)).
+// kSplit, split: the last wave's split (Split, SplitPlan; only BM = kSplitTileM has the instance, and
+// the host launches it only where the items are long enough to split, kSplitMinItemStages: every
+// other call runs the kSplit = false instance, whose stage loops are main's, 402 / 274 / 369 / 274
+// instructions at BM = 16 for FC2 bf16 / f16, FC1 bf16 / f16; the pieces' code after the whole items'
+// loop costs the f16 FC1 loop 7 (281: threadIdx re-read twice a stage), the FC2 loops none).
 // maps: the activation, code and scale tensor maps (TensorMaps; host/tensor_map.h register_path_maps).
 // watchdog: optional global int[ptx::kWatchdogReportInts], zeroed, that a pipeline wait past
 // ptx::kWatchdogNs fills (tests); null in production, where waits have no time limit.
 // kF16 = p.f16 (the host launches the matching instance): consume's f16 variant, no tables to fill.
-template <bool kFc1, int BM, bool kF16>
+template <bool kFc1, int BM, bool kF16, bool kSplit = false>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<BM, kF16>)
-    gemm_kernel(MoeGemmParams p, const __grid_constant__ TensorMaps maps, int n_tiles, int* watchdog) {
+    gemm_kernel(MoeGemmParams p, const __grid_constant__ TensorMaps maps, int n_tiles, Split split, int* watchdog) {
+  static_assert(!kSplit || BM == kSplitTileM, "the split's instances are the 16-row kernels'");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   Smem<BM, kF16>& sm = aligned_smem<Smem<BM, kF16>>(smem_raw);
   // Launched as a programmatic dependent (launch_dynamic.cu): the CTA's set-up (barriers, the bf16
@@ -517,10 +685,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<BM, kF16>)
   start_cta(sm, p.nvfp4);
   ptx::wait_prior_grids();
   const ptx::Watchdog wd{&sm.aborted, watchdog};
-  const int work = *p.num_tiles * n_tiles;
+  const int whole = kSplit ? gemm_split_plan(p, n_tiles, split).whole : *p.num_tiles * n_tiles;
   uint32_t it = 0;
-  if (take_role<BM, kF16>()) produce<kFc1, BM, kF16>(p, &maps, sm, n_tiles, work, wd, it);
-  else consume<kFc1, BM, kF16>(p, sm, n_tiles, work, wd, it);
+  if (take_role<BM, kF16>()) produce<kFc1, BM, kF16, kSplit>(p, &maps, sm, n_tiles, split, whole, wd, it);
+  else consume<kFc1, BM, kF16, kSplit>(p, sm, n_tiles, split, whole, wd, it);
 }
 
 }  // namespace fp4moe::kernels::dynamic

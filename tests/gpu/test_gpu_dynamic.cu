@@ -358,7 +358,8 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int til
   GPU_CHECK(cudaDeviceSynchronize());
   const auto wd = d_watchdog.download();
   ASSERT_EQ(wd[0], 0) << describe(g) << ": pipeline watchdog fired: block " << wd[1] << " thread " << wd[2]
-                      << " step " << wd[3] << " waiting on " << (wd[4] == kernels::dynamic::kWaitEmpty ? "empty" : "full")
+                      << " step " << wd[3] << " waiting on "
+                      << (wd[4] == kernels::dynamic::kWaitEmpty ? "empty" : wd[4] == kernels::dynamic::kWaitSplit ? "a split's partial sums" : "full")
                       << " parity " << wd[5];
   const auto y = dc.y.download();
 
@@ -419,6 +420,10 @@ std::vector<GemmCase> register_path_cases() {
       {true, {0, 130, 0, 127, 300}, 256, 704},     // empty experts, m-tiles across boundaries; 11 stages
       {false, {128, 129, 3}, 2880, 256},           // H = 2880: 22.5 n-tiles
       {true, {200, 17}, 128, 2880},                // K = 2880: 45 stages
+      // 16-row tiles on 7 SMs (14 CTAs): the last wave's split (dynamic.cuh SplitPlan) in 5 pieces of
+      // 18 stages, and 3 items in 14 pieces of 19-20
+      {true, {5}, 128, 5760},
+      {false, {3, 20}, 128, 5760},
   };
 }
 
@@ -468,6 +473,100 @@ TEST(DynamicTileM, SmallestTileHoldingTwiceTheAverageRowsPerExpert) {
   EXPECT_EQ(gpu::dynamic_tile_m(128 * 8, 128, 128), 128); // the rule says 16
   EXPECT_EQ(gpu::dynamic_tile_m(512 * 8, 128, 64), 64);
   EXPECT_EQ(gpu::dynamic_tile_m(128 * 8, 128, 0), 16);    // 0: the rule
+}
+
+// The last wave's split (dynamic.cuh SplitPlan, PieceCursor, finish_end), on the host: for grids and
+// item counts around the waves' edges, every k-stage of every item is taken by exactly one CTA, in
+// k order; an item is either one whole piece or a finishing piece (stages 0..k1, its CTA's last piece)
+// followed by hand-off pieces of the CTAs [b + 1, finish_end) (each that CTA's first piece, so no
+// CTA holds two slots), whose stages continue the finisher's in CTA order; and no CTA takes fewer
+// than the minimum stages of the rest. A rest past half the grid, or of items shorter than
+// kSplitMinItemStages, runs whole.
+TEST(DynamicSplit, EveryStageOnceAndEachHandOffSummedOnce) {
+  namespace dk = kernels::dynamic;
+  struct Owner {
+    int cta, k0, k1;
+    dk::Piece kind;
+  };
+  int split_cases = 0;
+  for (const int grid : {1, 2, 7, 132, 264})
+    for (const int ktiles : {1, 4, 32, 39, 40, 44, 45, 64, 112, 224})
+      for (const int work : {1, 2, 5, grid / 2, grid - 1, grid, grid + 1, grid + grid / 4, 2 * grid - 3,
+                             3 * grid + grid / 2, 3 * grid + grid / 2 + 1, 4 * grid}) {
+        if (work < 1) continue;
+        const dk::SplitPlan pl = dk::split_plan(true, work, grid, ktiles);
+        ASSERT_LE(pl.ctas, grid);
+        if (2 * (work % grid) > grid) ASSERT_EQ(pl.ctas, 0) << "a rest past half the grid is split";
+        if (ktiles < dk::kSplitMinItemStages) ASSERT_EQ(pl.ctas, 0) << "items of " << ktiles << " stages are split";
+        if (pl.ctas > 0) {
+          ++split_cases;
+          ASSERT_EQ(pl.whole % grid, 0);
+          ASSERT_EQ(pl.stages, (work - pl.whole) * ktiles);
+          ASSERT_GT(pl.ctas, work - pl.whole) << "a split where no item is shared";
+        } else {
+          ASSERT_EQ(pl.whole, work);
+        }
+        std::vector<std::vector<Owner>> items(static_cast<size_t>(work));
+        std::vector<int> handoffs(static_cast<size_t>(grid), 0);
+        for (int b = 0; b < grid; ++b) {
+          for (int w = b; w < pl.whole; w += grid) items[static_cast<size_t>(w)].push_back({b, 0, ktiles, dk::Piece::kWhole});
+          dk::PieceCursor cur(pl, b);  // then its pieces of the rest
+          dk::ItemPiece pc{};
+          int rest_pieces = 0, rest_stages = 0;
+          while (cur.next(pl, ktiles, pc)) {
+            ASSERT_GE(pc.w, 0);
+            ASSERT_LT(pc.w, work);
+            ASSERT_LT(pc.k0, pc.k1);
+            if (pc.kind == dk::Piece::kHandOff) {
+              ASSERT_EQ(rest_pieces, 0) << "a hand-off that is not its CTA's first piece of the rest";
+              ++handoffs[static_cast<size_t>(b)];
+            }
+            if (pc.w >= pl.whole) {
+              ++rest_pieces;
+              rest_stages += pc.k1 - pc.k0;
+            }
+            items[static_cast<size_t>(pc.w)].push_back({b, pc.k0, pc.k1, pc.kind});
+          }
+          if (b < pl.ctas) ASSERT_GE(rest_stages, dk::kSplitMinStages) << "grid " << grid << " cta " << b;
+          ASSERT_LE(handoffs[static_cast<size_t>(b)], 1) << "CTA " << b << " would need two slots";
+        }
+        for (int w = 0; w < work; ++w) {
+          const auto& o = items[static_cast<size_t>(w)];
+          ASSERT_FALSE(o.empty()) << "item " << w << " never taken (grid " << grid << ", work " << work << ")";
+          if (o.size() == 1) {
+            ASSERT_EQ(o[0].kind, dk::Piece::kWhole);
+            ASSERT_EQ(o[0].k0, 0);
+            ASSERT_EQ(o[0].k1, ktiles);
+            continue;
+          }
+          // Sorted by CTA (the cursor runs CTAs in order): the finisher first, then the hand-offs.
+          ASSERT_EQ(o[0].kind, dk::Piece::kFinish);
+          ASSERT_EQ(o[0].k0, 0);
+          const int e = dk::finish_end(pl, o[0].cta, w, ktiles);
+          ASSERT_EQ(e - o[0].cta - 1, static_cast<int>(o.size()) - 1) << "the finisher's slots are the item's hand-offs";
+          for (size_t i = 1; i < o.size(); ++i) {
+            ASSERT_EQ(o[i].kind, dk::Piece::kHandOff);
+            ASSERT_EQ(o[i].cta, o[0].cta + static_cast<int>(i));
+            ASSERT_EQ(o[i].k0, o[i - 1].k1) << "k order";
+          }
+          ASSERT_EQ(o.back().k1, ktiles);
+          // The finisher's piece is its CTA's last: every CTA it waits for has handed off first.
+          dk::PieceCursor cur(pl, o[0].cta);
+          dk::ItemPiece pc{}, lastpc{};
+          while (cur.next(pl, ktiles, pc)) lastpc = pc;
+          ASSERT_EQ(lastpc.w, w);
+        }
+      }
+  EXPECT_GT(split_cases, 50);  // the loop reaches the split, not only whole items
+  // The calls session 31 measured, on 132 SMs (264 CTAs at 16-row tiles): qwen3-30b-a3b T = 1's items
+  // (FC1 96 of 32 stages, FC2 128 of 12) run whole; llama4-scout T = 1's (FC1 128 of 80, FC2 40 of 128)
+  // and gpt-oss-120b T = 1's FC2 (92 of 45) split; so do GpuDynamic.LastWaveSplit's (test_gpu_moe.cpp:
+  // FC1 88 of 45, FC2 46 of 44), which it relies on to run the hand-offs.
+  EXPECT_EQ(dk::split_plan(true, 96, 264, 32).ctas, 0);
+  EXPECT_EQ(dk::split_plan(true, 128, 264, 12).ctas, 0);
+  for (const auto& [work, ktiles] : {std::pair{128, 80}, std::pair{40, 128}, std::pair{92, 45}, std::pair{88, 45},
+                                     std::pair{46, 44}})
+    EXPECT_GT(dk::split_plan(true, work, 264, ktiles).ctas, work) << work << " items of " << ktiles << " stages";
 }
 
 // static's m-tile per call (no GPU needed): dynamic's rule within 32 and 64 rows (static has
@@ -622,7 +721,7 @@ __global__ void __launch_bounds__(kernels::dynamic::kThreads, kernels::dynamic::
   constexpr int kRing = dk::Smem<BM, kF16>::kStages;
   uint32_t it = 0;
   if (dk::take_role<BM, kF16>()) {
-    dk::produce<false, BM, kF16>(p, &maps, sm, n_tiles, work, wd, it);
+    dk::produce<false, BM, kF16>(p, &maps, sm, n_tiles, dk::Split{}, work, wd, it);  // whole items
     return;
   }
   for (int w = blockIdx.x; w < work; w += gridDim.x)
@@ -802,7 +901,7 @@ __global__ void __launch_bounds__(kernels::dynamic::kThreads, kernels::dynamic::
   const int work = *p.num_tiles * n_tiles;
   uint32_t it = 0;
   if (dk::take_role<32, true>()) {
-    dk::produce<false, 32, true>(p, &maps, sm, n_tiles, work, wd, it);
+    dk::produce<false, 32, true>(p, &maps, sm, n_tiles, dk::Split{}, work, wd, it);  // whole items
     return;
   }
   for (int w = blockIdx.x; w < work; w += gridDim.x) dk::consume_item<false, 32, true, kParts>(p, sm, n_tiles, w, wd, it);
@@ -837,7 +936,8 @@ TEST(GpuDiagnostics, DISABLED_RegisterPathStagePerCta) {
   dk::TensorMaps margs = maps;
   int n = n_tiles;
   int* no_watchdog = nullptr;
-  void* gemm_argv[] = {&args, &margs, &n, &no_watchdog};
+  dk::Split no_split{};  // whole items, as the parts kernels run them
+  void* gemm_argv[] = {&args, &margs, &n, &no_split, &no_watchdog};
   void* parts_argv[] = {&args, &margs, &n};
   for (const int grid : {16, 66, 132, 264}) {
     const double stages = static_cast<double>((work + grid - 1) / grid) * ktiles;  // the busiest CTA's

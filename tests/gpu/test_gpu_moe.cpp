@@ -458,6 +458,24 @@ TEST(GpuDynamic, ForcedTileM) {
   }
 }
 
+// The last wave's split (dynamic.cuh SplitPlan) through the runner, on both GEMMs: at T = 1 over K = 2
+// the 16-row kernels' items are few (FC1 2 × 44 n-tiles, FC2 2 × 23) and long (H = 2880: FC1's 45
+// k-stages; I = 2816: FC2's 44), so on a 132-SM device both are shared among every resident CTA
+// (DynamicSplit checks those two plans); the f16 variant (NVFP4-a4) and the bf16-table one
+// (MXFP4-a16), with biases. T = 2 and 3 take the split or whole items by how many experts they touch.
+TEST(GpuDynamic, LastWaveSplit) {
+  REQUIRE_GPU();
+  for (const auto& [f, m] : {std::pair{WeightFormat::kNVFP4, ActMode::kA4}, std::pair{WeightFormat::kMXFP4, ActMode::kA16}}) {
+    const MoeConfig c = make_config(4, 2880, 2816, 2, f, m, Activation::kSilu, true);
+    for (const int64_t T : {1, 2, 3}) {
+      const Problem p = testkit::make_problem({c, T, static_cast<uint64_t>(90 + T)});
+      const auto out = run_on_gpu(p, {.backend = Backend::kDynamic}, IndexType::kInt32);
+      const auto acc = check_against_reference(p, out.data(), testkit::default_tolerance(c));
+      EXPECT_TRUE(acc.pass) << c.to_string() << " T=" << T << ": " << acc.summary();
+    }
+  }
+}
+
 TEST(GpuDynamic, SmallCallAfterLargeCall) {
   REQUIRE_GPU();
   const MoeConfig c = make_config(16, 512, 256, 4, WeightFormat::kNVFP4, ActMode::kA4, Activation::kSilu, true);

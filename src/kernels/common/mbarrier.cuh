@@ -76,6 +76,17 @@ struct Watchdog {
   int* report;   // global [kWatchdogReportInts], zeroed by the caller (tests); null: no time limit
 };
 
+// A wait past kWatchdogNs: the CTA's aborted flag raised, and the grid's first such thread's report.
+__device__ __forceinline__ void give_up(const Watchdog& wd, int what, int step, int parity) {
+  if (atomicExch(wd.aborted, 1) == 0 && atomicCAS(wd.report, 0, 1) == 0) {
+    wd.report[1] = static_cast<int>(blockIdx.x);
+    wd.report[2] = static_cast<int>(threadIdx.x);
+    wd.report[3] = step;
+    wd.report[4] = what;
+    wd.report[5] = parity;
+  }
+}
+
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, const Watchdog& wd, int what, int step) {
   if (mbar_try_wait(bar, parity)) return;
   if (wd.report == nullptr) {
@@ -87,13 +98,23 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, const 
   while (!mbar_try_wait(bar, parity)) {
     if (*static_cast<volatile int*>(wd.aborted)) return;
     if (globaltimer_ns() - t0 > kWatchdogNs) {
-      if (atomicExch(wd.aborted, 1) == 0 && atomicCAS(wd.report, 0, 1) == 0) {
-        wd.report[1] = static_cast<int>(blockIdx.x);
-        wd.report[2] = static_cast<int>(threadIdx.x);
-        wd.report[3] = step;
-        wd.report[4] = what;
-        wd.report[5] = static_cast<int>(parity);
-      }
+      give_up(wd, what, step, static_cast<int>(parity));
+      return;
+    }
+  }
+}
+
+// Waits until *flag (global, raised by another CTA with release semantics) is non-zero, with acquire
+// semantics at GPU scope; under a watchdog as mbar_wait (the report's parity field is 0).
+__device__ __forceinline__ void flag_wait(const unsigned* flag, const Watchdog& wd, int what, int step) {
+  if (ld_acquire_gpu(flag) != 0) return;
+  const uint64_t t0 = wd.report ? globaltimer_ns() : 0;
+  while (ld_acquire_gpu(flag) == 0) {
+    __nanosleep(32);
+    if (wd.report == nullptr) continue;
+    if (*static_cast<volatile int*>(wd.aborted)) return;
+    if (globaltimer_ns() - t0 > kWatchdogNs) {
+      give_up(wd, what, step, 0);
       return;
     }
   }
