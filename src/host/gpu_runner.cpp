@@ -10,26 +10,27 @@
 namespace fp4moe::gpu {
 namespace {
 
-// kAuto on sm_90, from session 29's sweep (bench/results/h100-decode-sweep-20261206-s29.md: all six
+// kAuto on sm_90, from session 32's sweep (bench/results/h100-decode-sweep-20261207-s32.md: all six
 // named shapes at T = 1, 2, 4, 6, 8, 16, a4 and a16, direct_micro and dynamic forced on the same
-// inputs, on an H100, the card lent; dynamic with the 16-row m-tiles kAuto takes since then).
-//  - direct_micro while T ≤ 2 tokens and T·K ≤ 4 routes, both variants (NVFP4-a4's f16 one and the
-//    bf16 one): T = 1 up to K = 4, T = 2 up to K = 2. The 16-row tiles moved the line down from
-//    session 24's 8 routes: dynamic now wins at T = 1 on the shapes of K = 8 (qwen3-30b-a3b a4 25.5
-//    against 27.8 µs, deepseek-v3 a4 89.9 against 98.1, qwen3-235b-a22b a4 50.8 against 58.2) and at
-//    T = 4 on the shapes of few, large experts (llama4-scout a4 122.7 against 143.3, mixtral-8x7b a4
-//    221.0 against 243.3). direct_micro keeps T = 1, 2 of llama4-scout (K = 1; a4 T = 1 48.3 against
-//    75.8) and of mixtral-8x7b (K = 2; T = 1 99.1 against 139.8, T = 2 a4 172.3 against 192.2, a16
-//    195.3 against 234.7), where dynamic's few items leave most CTAs idle. The token bound is what
-//    separates mixtral-8x7b T = 2 from llama4-scout T = 4 (4 routes each, over at most 4 experts):
-//    direct_micro's FC2 works per output row, so its cost follows the tokens, dynamic's the experts.
-//  - The rule takes the faster backend at 69 of the sweep's 72 points; over them it costs 0.08 % on
-//    average (session 29's 2-route line 0.51 %: it gave mixtral-8x7b T = 2 to dynamic, 11.6 / 20.2 %
-//    slower, a4 / a16; session 24's 8-route line 2.39 %). The misses: gpt-oss-120b a4 T = 1 (4
-//    routes; dynamic 1.9 % faster; a16 is direct_micro's by 0.9 %) and qwen3-235b-a22b T = 2 (16
-//    routes; direct_micro 0.5 / 3.3 % faster). Read with `python3 bench/sweep.py FILE --line
-//    direct_micro,dynamic` for the routes-only lines (2: 0.51 %, 4: 0.55 %, which gives llama4-scout
-//    T = 4 to direct_micro, 17 % slower).
+// inputs, on an H100, the card lent; dynamic with the 16-row m-tiles and the last wave's split).
+//  - direct_micro beside dynamic only at T = 2 tokens of top-k 2, both variants (NVFP4-a4's f16 one
+//    and the bf16 one): mixtral-8x7b T = 2 (4 routes over up to 4 experts of 99 MB), a4 172.5
+//    against dynamic's 192.0 µs, a16 194.8 against 215.1. Everywhere else dynamic was faster or
+//    within 4 %: the last wave's split (kernels/dynamic.cuh) gave dynamic the T = 1–2 calls of few,
+//    long items that had kept session 29's line at T ≤ 2 and T·K ≤ 4 (llama4-scout T = 2 a16 75.5
+//    against 92.8 µs, a4 72.9 against 80.3; gpt-oss-120b T = 1 a16 47.3 against 52.0; mixtral-8x7b
+//    T = 1 a16 104.9 against 111.4, a4 98.1 against 99.3). Why mixtral-8x7b T = 2 stays with
+//    direct_micro is measured, not explained: it is direct_micro's most efficient point (75 % of
+//    the floor), and dynamic runs 67–69 % of it at mixtral-8x7b T = 2–4. mixtral-8x7b is the
+//    only named shape of top-k 2, so the rule is one shape's point; a shape of top-k 2 with small
+//    experts would likely be dynamic's (every small-expert point of the sweep is), and a sweep of
+//    it would move the rule.
+//  - The rule takes the faster backend at 71 of the sweep's 72 points; over them it costs 0.05 % on
+//    average. The miss: llama4-scout a4 T = 1 (direct_micro 47.7 against 49.6 µs, 3.9 %; its a16
+//    is dynamic's by 5.4 %). Session 29's line (T ≤ 2 and T·K ≤ 4) costs 0.86 % on this sweep
+//    (llama4-scout a16 T = 2 22.8 %), dynamic everywhere 0.36 % (mixtral-8x7b T = 2 10.5 / 11.3 %).
+//    Read with `python3 bench/sweep.py FILE --line direct_micro,dynamic` for the routes-only lines
+//    (0 routes: 0.36 %, 2: 0.94 %, 4: 1.30 %).
 //  - static is not taken: at no point of session 13's sweep was it faster than dynamic by more than
 //    0.7 % (a16; a4 4–10 % slower), since both run the same GEMM core and static saves only launches.
 //  - dynamic above that on sm_90 (wgmma): faster than generic at 34 of session 13's 35 points (up
@@ -38,17 +39,18 @@ namespace {
 //  - generic where dynamic cannot run (not sm_90); there direct_micro keeps session 6's line of 32
 //    routes per expert (h200-crossover-20261202.md: it beat generic by 1.17–3.3× inside it).
 constexpr int64_t kDirectMicroMaxRoutes = 1024;
-// kAuto's line beside dynamic (sm_90, both variants; session 29's sweep, above): both bounds.
-constexpr int64_t kMaxTokensBesideDynamic = 2;
-constexpr int64_t kMaxRoutesBesideDynamic = 4;
-// The most tokens a call of top-k K can have and still be on that line.
-int64_t tokens_beside_dynamic(int64_t top_k) { return std::min(kMaxTokensBesideDynamic, kMaxRoutesBesideDynamic / top_k); }
+// kAuto's direct_micro beside dynamic (sm_90, both variants; session 32's sweep, above): T = 2 tokens
+// of top-k 2.
+constexpr int64_t kTokensBesideDynamic = 2;
+constexpr int64_t kTopKBesideDynamic = 2;
+// The most tokens a kAuto call of top-k K can take to direct_micro beside dynamic (its workspace's size).
+int64_t tokens_beside_dynamic(int64_t top_k) { return top_k == kTopKBesideDynamic ? kTokensBesideDynamic : 0; }
 
 }  // namespace
 
 bool direct_micro_preferred(const MoeConfig& c, int64_t routes, bool dynamic_runs) {
   constexpr int64_t kRoutesPerExpertGeneric = 32;  // not sm_90
-  if (dynamic_runs) return routes <= tokens_beside_dynamic(c.top_k) * c.top_k;
+  if (dynamic_runs) return c.top_k == kTopKBesideDynamic && routes == kTokensBesideDynamic * c.top_k;
   const int64_t touched_max = std::min<int64_t>(c.local_count(), routes);
   return routes <= kRoutesPerExpertGeneric * touched_max;
 }
@@ -72,8 +74,8 @@ class GpuRunner final : public Runner {
       dyn_->tile_m = o.dynamic_tile_m;
     }
     // direct_micro's workspace only for the calls that can reach it: forced, every T up to
-    // max_tokens (within the variant's capacity); kAuto, its line: T ≤ 2 and T·K ≤ 4 beside dynamic
-    // on sm_90 (none at all for K > 4), up to the capacity elsewhere. Its buffers grow with the routes
+    // max_tokens (within the variant's capacity); kAuto, its line: T = 2 of top-k 2 beside dynamic on
+    // sm_90 (none at all for other K), up to the capacity elsewhere. Its buffers grow with the routes
     // (at 1024 routes ~19 MB a runner at deepseek-v3, ~14 MB at qwen3-30b-a3b; one runner a layer).
     int64_t dm_tokens = 0;
     if (o.backend == Backend::kDirectMicro) dm_tokens = o.max_tokens;

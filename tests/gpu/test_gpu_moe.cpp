@@ -492,7 +492,7 @@ TEST(GpuDynamic, DeterministicInAGraphAndPickedByAutoAboveDirectMicro) {
   const MoeConfig c = make_config(64, 512, 256, 8, WeightFormat::kMXFP4, ActMode::kA16, Activation::kSwigluOai, true);
   const Problem p = testkit::make_problem({c, 500, 66});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
-  // kAuto (gpu_runner.cpp, session 29's sweep): on sm_90 direct_micro while T ≤ 2 and T·K ≤ 4 (here
+  // kAuto (gpu_runner.cpp, session 32's sweep): on sm_90 direct_micro only at T = 2 of top-k 2 (here
   // K = 8: never), then dynamic; elsewhere direct_micro while ≤ 32 routes per touched expert within the
   // bf16 variant's 512 routes (T ≤ 64), then generic.
   MoeRunner autor(c, w, {.max_tokens = 16384});
@@ -579,10 +579,10 @@ TEST(GpuDynamic, Bf16PathMatchesReferenceAndReplays) {
   EXPECT_FALSE(r.plan_bf16_copy(20));
   for (const Problem* p : {&big, static_cast<const Problem*>(&small), &big}) expect_run_matches_reference(r, *p);
   expect_graph_replays_deterministic(big, r, 3);
-  // kAuto takes direct_micro on its line (T = 1 at K = 4), the register path above it for decode
-  // and the copy for prefill.
+  // kAuto takes the register path for decode (direct_micro's line beside it is top-k 2's; here
+  // K = 4) and the copy for prefill.
   MoeRunner autor(c, w, {.max_tokens = 300, .prefill_bf16_bytes = 8 * kPerExpert, .prefill_bf16_min_rows = 64});
-  EXPECT_EQ(autor.plan(1), Backend::kDirectMicro);
+  EXPECT_EQ(autor.plan(1), Backend::kDynamic);
   EXPECT_EQ(autor.plan(2), Backend::kDynamic);
   EXPECT_FALSE(autor.plan_bf16_copy(2));
   EXPECT_EQ(autor.plan(300), Backend::kDynamic);
@@ -697,8 +697,8 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
   const Problem p = testkit::make_problem({c, 4, 71});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
   MoeRunner r(c, w, {.max_tokens = 4096});
-  // kAuto (gpu_runner.cpp, session 29's sweep): on sm_90 direct_micro while T ≤ 2 and T·K ≤ 4 (here
-  // K = 8: never; K = 2 below: T = 1, 2), then dynamic; elsewhere direct_micro up to its capacity (1024
+  // kAuto (gpu_runner.cpp, session 32's sweep): on sm_90 direct_micro only at T = 2 of top-k 2 (here
+  // K = 8: never; K = 2 below: T = 2), then dynamic; elsewhere direct_micro up to its capacity (1024
   // routes on the f16 variant) while ≤ 32 per touched expert, then generic.
   const bool sm90 = device_is_sm90();
   for (int64_t T : {1, 2, 8, 32, 64, 128}) EXPECT_EQ(r.plan(T), sm90 ? Backend::kDynamic : Backend::kDirectMicro) << T;
@@ -707,17 +707,18 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
     const Problem p2 = testkit::make_problem({c2, 2, 73});
     PreparedWeights w2 = prepare_weights(c2, p2.checkpoint.view(), {.device = 0});
     MoeRunner r2(c2, w2, {.max_tokens = 64});
-    EXPECT_EQ(r2.plan(1), Backend::kDirectMicro);  // 2 routes
-    EXPECT_EQ(r2.plan(2), Backend::kDirectMicro);  // 4 routes
+    EXPECT_EQ(r2.plan(1), sm90 ? Backend::kDynamic : Backend::kDirectMicro);  // 2 routes
+    EXPECT_EQ(r2.plan(2), Backend::kDirectMicro);                               // 4 routes
     EXPECT_EQ(r2.plan(3), sm90 ? Backend::kDynamic : Backend::kDirectMicro);
     expect_run_matches_reference(r2, p2);
-    // T = 1 through kAuto's direct_micro workspace, which on sm_90 holds only the line's 2 tokens.
+    // T = 1 on the same runner (dynamic on sm_90, beside the direct_micro workspace of the line's 2
+    // tokens; direct_micro elsewhere).
     Problem p21 = testkit::make_problem({c2, 1, 74});
     p21.checkpoint = p2.checkpoint;
     expect_run_matches_reference(r2, p21);
   }
   // kAuto allocates direct_micro's workspace only for its line: none at K = 8 on sm_90, where the
-  // line (4 routes) is below one token's routes, so its workspace is dynamic's.
+  // line is top-k 2's, so its workspace is dynamic's.
   if (sm90) {
     EXPECT_EQ(r.workspace_bytes(), MoeRunner(c, w, {.max_tokens = 4096, .backend = Backend::kDynamic}).workspace_bytes());
   }
