@@ -209,3 +209,33 @@ def test_prefill_bf16_options_are_validated_by_name():
         _ext.Runner(c, pw, max_tokens=8, dynamic_tile_m=48)
     r = _ext.Runner(c, pw, max_tokens=8, prefill_bf16_bytes=1 << 30, prefill_bf16_min_rows=1)
     assert r.plan(8) == "reference" and not r.plan_bf16_copy(8)  # host weights: no GPU path, no copy
+
+
+def test_stub_says_what_the_extension_says():
+    """python/fp4moe/_ext.pyi, what type checkers and editors read, must give every function and
+    method the signature the extension reports (its nanobind docstring). After changing a binding,
+    regenerate it: `python -m nanobind.stubgen -m fp4moe._ext -o python/fp4moe/_ext.pyi`."""
+    import re
+    from pathlib import Path
+
+    stub = (Path(__file__).resolve().parents[1] / "fp4moe" / "_ext.pyi").read_text().splitlines()
+    owner, checked, differ = _ext, 0, []
+    for i, line in enumerate(stub):
+        if m := re.match(r"class (\w+)", line):
+            owner = getattr(_ext, m.group(1))
+            continue
+        m = re.match(r"(    )?def (\w+)\((.*)\) -> (.*): \.\.\.$", line)
+        if not m or (i > 0 and stub[i - 1].strip().startswith("@")):  # properties: no docstring signature
+            continue
+        obj = getattr(owner if m.group(1) else _ext, m.group(2))
+        said = (obj.__doc__ or "").splitlines()
+        assert said, f"{m.group(2)}: no signature in its docstring"
+        got = said[0].replace("fp4moe._ext.", "").replace("collections.abc.", "").replace("ndarray[]", "NDArray")
+        want = f"{m.group(2)}({m.group(3)}) -> {m.group(4)}"
+        checked += 1
+        if got != want:
+            differ.append(f"stub: {want}\n  extension: {got}")
+    assert checked >= 20, f"only {checked} signatures read from the stub"
+    assert not differ, "\n".join(differ)
+    m = re.search(r"^DEFAULT_PREFILL_BF16_MIN_ROWS: int = (\d+)$", "\n".join(stub), re.M)
+    assert m and int(m.group(1)) == _ext.DEFAULT_PREFILL_BF16_MIN_ROWS
