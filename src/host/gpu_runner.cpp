@@ -17,7 +17,7 @@ namespace {
 //    and the bf16 one): mixtral-8x7b T = 2 (4 routes over up to 4 experts of 99 MB), a4 172.5
 //    against dynamic's 192.0 µs, a16 194.8 against 215.1. Everywhere else dynamic was faster or
 //    within 4 %: the last wave's split (kernels/dynamic.cuh) gave dynamic the T = 1–2 calls of few,
-//    long items that had kept session 29's line at T ≤ 2 and T·K ≤ 4 (llama4-scout T = 2 a16 75.5
+//    long items that had kept session 31's line at T ≤ 2 and T·K ≤ 4 (llama4-scout T = 2 a16 75.5
 //    against 92.8 µs, a4 72.9 against 80.3; gpt-oss-120b T = 1 a16 47.3 against 52.0; mixtral-8x7b
 //    T = 1 a16 104.9 against 111.4, a4 98.1 against 99.3). Why mixtral-8x7b T = 2 stays with
 //    direct_micro is measured, not explained: it is direct_micro's most efficient point (75 % of
@@ -27,7 +27,7 @@ namespace {
 //    it would move the rule.
 //  - The rule takes the faster backend at 71 of the sweep's 72 points; over them it costs 0.05 % on
 //    average. The miss: llama4-scout a4 T = 1 (direct_micro 47.7 against 49.6 µs, 3.9 %; its a16
-//    is dynamic's by 5.4 %). Session 29's line (T ≤ 2 and T·K ≤ 4) costs 0.86 % on this sweep
+//    is dynamic's by 5.4 %). Session 31's line (T ≤ 2 and T·K ≤ 4) costs 0.86 % on this sweep
 //    (llama4-scout a16 T = 2 22.8 %), dynamic everywhere 0.36 % (mixtral-8x7b T = 2 10.5 / 11.3 %).
 //    Read with `python3 bench/sweep.py FILE --line direct_micro,dynamic` for the routes-only lines
 //    (0 routes: 0.36 %, 2: 0.94 %, 4: 1.30 %).
