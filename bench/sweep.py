@@ -14,6 +14,11 @@ T·K <= L routes, the second above): for each L in 0, 1, 2, 4, 8, 16, 32, 64, th
 the slower backend, their mean and largest excess over the faster one, and the mean over all
 points that have both backends (the line to pick is the lowest mean; name the misses where the
 line is written).
+
+    python3 bench/sweep.py SWEEP.jsonl --line direct_micro,dynamic --rule "T == 2 and K == 2"
+
+adds the same costs for rules of any form (repeatable): a Python expression of T, K, E, routes
+(T·K), model and mode, true where the first backend is taken. Session 32's line was read this way.
 """
 import argparse
 import sys
@@ -27,8 +32,12 @@ def main():
     ap.add_argument("-o", "--out")
     ap.add_argument("--line", metavar="LOW,HIGH",
                     help="two backends: the cost of each routes line (LOW while T·K <= L, HIGH above)")
+    ap.add_argument("--rule", action="append", default=[], metavar="EXPR",
+                    help="with --line: the cost of taking LOW where EXPR (of T, K, E, routes, model, mode) holds")
     a = ap.parse_args()
-    cells, floors, per_expert, routes_of, backends = {}, {}, {}, {}, []
+    if a.rule and not a.line:
+        ap.error("--rule needs --line LOW,HIGH")
+    cells, floors, per_expert, routes_of, shape_of, backends = {}, {}, {}, {}, {}, []
     for path in a.files:
         for r in benchjsonl.read(path)[1]:
             if r.get("status", "ok") != "ok" or r.get("time_us") is None:
@@ -43,6 +52,8 @@ def main():
             e, k = r.get("E"), r.get("K")
             if k:
                 routes_of[key] = r["tokens"] * k
+                shape_of[key] = {"T": r["tokens"], "K": k, "E": e, "routes": r["tokens"] * k, "model": r["model"],
+                                 "mode": r["mode"]}
             if e and k:
                 routes = r["tokens"] * k
                 per_expert[key] = routes / min(e, routes)
@@ -65,7 +76,11 @@ def main():
     lines.append("")
     lines.append("Fastest: " + ", ".join(f"{b} {n}" for b, n in wins.items()) + f" of {len(keys)} points.")
     if a.line:
-        lines += line_costs(a.line, keys, cells, routes_of)
+        rules = [(str(n), lambda k, n=n: routes_of[k] <= n) for n in (0, 1, 2, 4, 8, 16, 32, 64)]
+        for expr in a.rule:
+            code = compile(expr, "--rule", "eval")
+            rules.append((f"`{expr}`", lambda k, c=code: bool(eval(c, {"__builtins__": {}}, dict(shape_of[k])))))
+        lines += line_costs(a.line, keys, cells, routes_of, rules)
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if a.out:
@@ -73,25 +88,26 @@ def main():
             f.write(text)
 
 
-def line_costs(spec, keys, cells, routes_of):
-    """The table of --line: per candidate L, the points a line at L routes gives the slower backend."""
+def line_costs(spec, keys, cells, routes_of, rules):
+    """The table of --line: per rule (a routes line L, or a --rule), the points it gives the slower backend."""
     low, high = spec.split(",")
     both = [k for k in keys if (k, low) in cells and (k, high) in cells and k in routes_of]
     if not both:
         sys.exit(f"sweep.py: no point has both {low} and {high} and a K")
-    out = ["", f"Lines: {low} while T·K <= L routes, {high} above ({len(both)} points with both):", "",
+    out = ["", f"Lines: {low} while T·K <= L routes (or where a rule holds), {high} elsewhere "
+           f"({len(both)} points with both):", "",
            "| L | points on the slower | mean excess there | largest (point) | mean over all points |",
            "|---|---|---|---|---|"]
-    for line in (0, 1, 2, 4, 8, 16, 32, 64):
+    for label, takes_low in rules:
         excess = []
         for k in both:
-            taken = cells[k, low] if routes_of[k] <= line else cells[k, high]
+            taken = cells[k, low] if takes_low(k) else cells[k, high]
             excess.append((taken / min(cells[k, low], cells[k, high]) - 1, k))
         missed = [(x, k) for x, k in excess if x > 0]
         worst = max(missed) if missed else None
         mean_missed = sum(x for x, _ in missed) / len(missed) if missed else 0.0
         worst_text = f"{worst[0] * 100:.1f} % ({worst[1][0]} {worst[1][1]} T = {worst[1][2]})" if worst else "—"
-        out.append(f"| {line} | {len(missed)} | {mean_missed * 100:.1f} % | {worst_text} | "
+        out.append(f"| {label} | {len(missed)} | {mean_missed * 100:.1f} % | {worst_text} | "
                    f"{sum(x for x, _ in excess) / len(excess) * 100:.2f} % |")
     return out
 

@@ -89,3 +89,16 @@ def test_sweep_tables_backends_side_by_side(tmp_path):
     assert costs["32"] == ["2", "7.0 %", "8.1 % (qwen3-30b-a3b a4 T = 8)", "7.04 %"], costs["32"]
     assert costs["64"][0] == "1" and costs["64"][2].startswith("6.0 % (mixtral-8x7b a4 T = 16)"), costs["64"]
     assert costs["64"][3] == "2.98 %", costs["64"]  # (357.7 / 337.6 − 1) / 2
+
+    # --rule: any expression of T, K, E, routes, model, mode, true where direct_micro is taken. K == 8 takes
+    # each point's faster backend; "model == 'mixtral-8x7b'" each one's slower (as the 32-route line).
+    done = subprocess.run([sys.executable, str(BENCH / "sweep.py"), str(src), "--line", "direct_micro,dynamic",
+                           "--rule", "K == 8", "--rule", "model == 'mixtral-8x7b'"],
+                          capture_output=True, text=True, check=True)
+    rules = {l.split("|")[1].strip(): [c.strip() for c in l.split("|")[2:6]]
+             for l in done.stdout.splitlines() if l.startswith("| `")}
+    assert rules["`K == 8`"] == ["0", "0.0 %", "—", "0.00 %"], rules
+    assert rules["`model == 'mixtral-8x7b'`"] == costs["32"], rules
+    refused = subprocess.run([sys.executable, str(BENCH / "sweep.py"), str(src), "--rule", "K == 8"],
+                             capture_output=True, text=True)
+    assert refused.returncode != 0 and "--rule needs --line" in refused.stderr

@@ -29,8 +29,8 @@ namespace {
 //    average. The miss: llama4-scout a4 T = 1 (direct_micro 47.7 against 49.6 µs, 3.9 %; its a16
 //    is dynamic's by 5.4 %). Session 31's line (T ≤ 2 and T·K ≤ 4) costs 0.86 % on this sweep
 //    (llama4-scout a16 T = 2 22.8 %), dynamic everywhere 0.36 % (mixtral-8x7b T = 2 10.5 / 11.3 %).
-//    Read with `python3 bench/sweep.py FILE --line direct_micro,dynamic` for the routes-only lines
-//    (0 routes: 0.36 %, 2: 0.94 %, 4: 1.30 %).
+//    Read with `python3 bench/sweep.py FILE --line direct_micro,dynamic --rule "T == 2 and K == 2"
+//    --rule "T <= 2 and routes <= 4"` (the routes-only lines: 0 routes 0.36 %, 2: 0.94 %, 4: 1.30 %).
 //  - static is not taken: at no point of session 13's sweep was it faster than dynamic by more than
 //    0.7 % (a16; a4 4–10 % slower), since both run the same GEMM core and static saves only launches.
 //  - dynamic above that on sm_90 (wgmma): faster than generic at 34 of session 13's 35 points (up
