@@ -37,7 +37,7 @@ def main():
     a = ap.parse_args()
     if a.rule and not a.line:
         ap.error("--rule needs --line LOW,HIGH")
-    cells, floors, per_expert, routes_of, shape_of, backends = {}, {}, {}, {}, {}, []
+    cells, floors, per_expert, shape_of, backends = {}, {}, {}, {}, []
     for path in a.files:
         for r in benchjsonl.read(path)[1]:
             if r.get("status", "ok") != "ok" or r.get("time_us") is None:
@@ -51,7 +51,6 @@ def main():
                 floors[key] = r["floor_us"]
             e, k = r.get("E"), r.get("K")
             if k:
-                routes_of[key] = r["tokens"] * k
                 shape_of[key] = {"T": r["tokens"], "K": k, "E": e, "routes": r["tokens"] * k, "model": r["model"],
                                  "mode": r["mode"]}
             if e and k:
@@ -76,11 +75,11 @@ def main():
     lines.append("")
     lines.append("Fastest: " + ", ".join(f"{b} {n}" for b, n in wins.items()) + f" of {len(keys)} points.")
     if a.line:
-        rules = [(str(n), lambda k, n=n: routes_of[k] <= n) for n in (0, 1, 2, 4, 8, 16, 32, 64)]
+        rules = [(str(n), lambda k, n=n: shape_of[k]["routes"] <= n) for n in (0, 1, 2, 4, 8, 16, 32, 64)]
         for expr in a.rule:
             code = compile(expr, "--rule", "eval")
             rules.append((f"`{expr}`", lambda k, c=code: bool(eval(c, {"__builtins__": {}}, dict(shape_of[k])))))
-        lines += line_costs(a.line, keys, cells, routes_of, rules)
+        lines += line_costs(a.line, keys, cells, shape_of, rules)
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if a.out:
@@ -88,10 +87,10 @@ def main():
             f.write(text)
 
 
-def line_costs(spec, keys, cells, routes_of, rules):
+def line_costs(spec, keys, cells, shape_of, rules):
     """The table of --line: per rule (a routes line L, or a --rule), the points it gives the slower backend."""
     low, high = spec.split(",")
-    both = [k for k in keys if (k, low) in cells and (k, high) in cells and k in routes_of]
+    both = [k for k in keys if (k, low) in cells and (k, high) in cells and k in shape_of]
     if not both:
         sys.exit(f"sweep.py: no point has both {low} and {high} and a K")
     out = ["", f"Lines: {low} while T·K <= L routes (or where a rule holds), {high} elsewhere "

@@ -43,14 +43,18 @@ constexpr int64_t kDirectMicroMaxRoutes = 1024;
 // of top-k 2.
 constexpr int64_t kTokensBesideDynamic = 2;
 constexpr int64_t kTopKBesideDynamic = 2;
-// The most tokens a kAuto call of top-k K can take to direct_micro beside dynamic (its workspace's size).
+// The tokens of a kAuto call of top-k K that goes to direct_micro beside dynamic (0: none), which is
+// also its workspace's size: the rule and the workspace read this one helper.
 int64_t tokens_beside_dynamic(int64_t top_k) { return top_k == kTopKBesideDynamic ? kTokensBesideDynamic : 0; }
 
 }  // namespace
 
 bool direct_micro_preferred(const MoeConfig& c, int64_t routes, bool dynamic_runs) {
   constexpr int64_t kRoutesPerExpertGeneric = 32;  // not sm_90
-  if (dynamic_runs) return c.top_k == kTopKBesideDynamic && routes == kTokensBesideDynamic * c.top_k;
+  if (dynamic_runs) {
+    const int64_t tokens = tokens_beside_dynamic(c.top_k);
+    return tokens > 0 && routes == tokens * c.top_k;
+  }
   const int64_t touched_max = std::min<int64_t>(c.local_count(), routes);
   return routes <= kRoutesPerExpertGeneric * touched_max;
 }
