@@ -58,6 +58,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,memory.total --form
 FP4MOE=./build-device/fp4moe
 if [ -n "$BIN" ]; then
   FP4MOE="$BIN/fp4moe"
+  # Carried gzipped (the carry is 64 MiB; scripts/carry_build.sh): unpack here, since each device call
+  # gets a fresh copy of the tree (session 33's second call lost its step to a still-packed binary).
+  [ -f "$FP4MOE.gz" ] && gunzip -f "$FP4MOE.gz" && chmod +x "$FP4MOE"
   [ -x "$FP4MOE" ] || { echo "--bin: no executable $FP4MOE" >&2; exit 2; }
   [ $TESTS -eq 0 ] || { echo "--bin needs --no-tests (the tests are not prebuilt)" >&2; exit 2; }
   rc=0; summary+=("build|prebuilt $FP4MOE")
