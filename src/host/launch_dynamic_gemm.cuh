@@ -64,7 +64,7 @@ int register_path_ctas_per_sm(bool f16) {
 // variant f16, once per device (the caller has made it current): opts it into its shared memory
 // (above 48 KB a kernel must) and checks its registers. Returns why it cannot run (empty: it can).
 template <int BM>
-std::string register_path_opt_in(const void* k, bool f16, const std::string& name) {
+std::string register_path_opt_in(const void* k, bool f16, const std::string& name, bool helpers = false) {
   namespace dk = kernels::dynamic;
   FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(dynamic_gemm_smem<BM>(f16))));
@@ -72,7 +72,7 @@ std::string register_path_opt_in(const void* k, bool f16, const std::string& nam
   // given fewer than kLaunchRegs, it would wait forever. Refuse instead of hanging.
   cudaFuncAttributes attr{};
   FP4MOE_CUDA_CHECK(cudaFuncGetAttributes(&attr, k));
-  const int want = f16 ? dk::kLaunchRegs<BM, true> : dk::kLaunchRegs<BM, false>;
+  const int want = helpers ? dk::kHelpLaunchRegs : f16 ? dk::kLaunchRegs<BM, true> : dk::kLaunchRegs<BM, false>;
   if (attr.numRegs != want)
     return name + " was built with " + std::to_string(attr.numRegs) +
            " registers per thread; its register hand-over assumes " + std::to_string(want);
@@ -89,7 +89,8 @@ std::string dynamic_gemm_opt_in() {
         const std::string why = register_path_opt_in<BM>(
             dynamic_gemm_kernel<BM>(fc1, f16, split), f16,
             "gemm_kernel (BM " + std::to_string(BM) + (fc1 ? ", fc1" : ", fc2") + (f16 ? ", f16" : ", bf16") +
-                (split ? ", split)" : ")"));
+                (split ? ", split)" : ")"),
+            kernels::dynamic::kHelpOf<BM> && !split);
         if (!why.empty()) return why;
       }
   }
@@ -128,7 +129,8 @@ void launch_dynamic_gemm_bm(const DynamicWorkspace& ws, const kernels::MoeGemmPa
   void* argv[] = {&args, &maps, &n, &split, &watchdog};
   // A programmatic dependent of the kernel before (the gather, or FC1): the CTAs' set-up overlaps its
   // tail (gemm_kernel waits for it after start_cta).
-  const DependentLaunch l(dim3(grid), dim3(kernels::dynamic::kThreads), smem, s);
+  const unsigned threads = split.partials ? dk::kThreads : dk::kGemmThreads<BM>;  // the split's instance has no helpers
+  const DependentLaunch l(dim3(grid), dim3(threads), smem, s);
   FP4MOE_CUDA_CHECK(cudaLaunchKernelExC(&l.config, dynamic_gemm_kernel<BM>(fc1, p.f16, split.partials != nullptr), argv));
 }
 

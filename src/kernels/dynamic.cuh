@@ -23,7 +23,9 @@
 //                      otherwise; and issues 4 × wgmma m64nBMk16 with A from registers and B = the
 //                      activation tile.
 //   Then the two consumers stage alpha·acc + bias transposed (routed row × weight column) and run
-//   the FC1 or FC2 epilogue of the tile together (named barrier over 256 threads).
+//   the FC1 or FC2 epilogue of the tile together (named barrier over 256 threads); at BM >= 64
+//   (kHelpOf) they only stage it, and 7 helper warps (the producer warpgroup's warps 1–3 and a fourth
+//   warpgroup) run the epilogue while the consumers multiply the next item (help).
 //   Stages: a ring of kStagesOf<BM> (activation tile, weight slice) pairs with mbarriers "full" (one
 //   producer arrival with the stage's bytes) and "empty" (256 consumer arrivals); no __syncthreads
 //   after the prologue.
@@ -115,6 +117,32 @@ inline constexpr int kLaunchRegs = 65536 / (kThreads * kCtasPerSm<BM, kF16>) / 8
 template <int BM, bool kF16>
 inline constexpr int kConsumerRegs =
     (kLaunchRegs<BM, kF16> * kThreads - kWarpgroup * kProducerRegs) / (kConsumers * kWarpgroup) / 8 * 8;
+// The epilogue helpers (dynamic's gemm_kernel at BM >= 64: kHelpOf). Why: at prefill every item was
+// its MMAs and then a serial epilogue (the FC1 activation, bf16 rounding and requantisation; FC2's
+// weighted stores) of about the same length: Nsight Compute of FC1 at qwen3-30b-a3b a4 T = 16384 put
+// ~half the stall samples in the epilogue and the stage loop tensor-bound while it ran (session 33,
+// bench/results/ncu/dynamic-bm256-s33-qwen3-16384-fc1.txt). So the consumers only stage the tile
+// (alpha·acc + bias) and go on to the next item, and kHelpers threads run the epilogue from the
+// staging meanwhile: the producer warpgroup's warps 1–3 and a fourth warpgroup, 7 warps. Why 7: the
+// epilogue is latency-bound per warp (issue ~28 % busy), so its rate goes with its warps; the 8
+// consumer warps took it in about a stage loop's time, so 3 helper warps would take ~2.7 of them.
+// Registers: 512 threads launch with 128 each; the producer and helper warpgroups give back to
+// kHelperRegs, the consumers take the rest (64 accumulators and two fragment sets at BM = 128).
+template <int BM>
+inline constexpr bool kHelpOf = BM >= 64;
+inline constexpr int kHelpThreads = kThreads + kWarpgroup;       // 512
+inline constexpr int kHelpers = (kWarpgroup - 32) + kWarpgroup;  // 224: producer warpgroup warps 1–3 + warpgroup 3
+inline constexpr int kHelpLaunchRegs = 65536 / kHelpThreads / 8 * 8;  // 128
+inline constexpr int kHelperRegs = 88;
+inline constexpr int kHelpConsumerRegs =
+    (kHelpLaunchRegs * kHelpThreads - 2 * kWarpgroup * kHelperRegs) / (kConsumers * kWarpgroup) / 8 * 8;  // 168
+static_assert(2 * kWarpgroup * kHelperRegs + kConsumers * kWarpgroup * kHelpConsumerRegs <= 65536,
+              "the consumers' setmaxnreg.inc would wait forever");
+// A register-path GEMM kernel's threads and launch registers (the host launches and checks with these).
+template <int BM>
+inline constexpr int kGemmThreads = kHelpOf<BM> ? kHelpThreads : kThreads;
+template <int BM, bool kF16>
+inline constexpr int kGemmLaunchRegs = kHelpOf<BM> ? kHelpLaunchRegs : kLaunchRegs<BM, kF16>;
 // Staging row stride in floats: 4 (mod 32) makes both the accumulator stores (8 weight rows × 4
 // routed rows per instruction) and the epilogue's float4 reads down 8 rows conflict-free.
 inline constexpr int kLdc = BN + 4;
@@ -147,6 +175,8 @@ struct alignas(1024) Smem {
   std::conditional_t<kF16, NoTables, FragTables> tables;  // E2M1 and scale byte → bf16x2, per lane (bf16 only)
   uint64_t full[kStages];             // producer → consumers: the stage's bytes have landed
   uint64_t empty[kStages];            // consumers → producer: stage read by the tensor cores
+  uint64_t c_full;                    // consumers → helpers: the tile is staged in c (and rw), 256 arrivals
+  uint64_t c_empty;                   // helpers → consumers: c and rw are free again, kHelpers arrivals
   int aborted;                        // watchdog (mbarrier.cuh)
 };
 // Dynamic shared memory a register-path kernel launches with: the Smem and the alignment slack.
@@ -302,10 +332,9 @@ __device__ __forceinline__ float expert_alpha(const MoeGemmParams& p, int e) {
 // their 256 threads; t: this thread in its warpgroup, ct: among both).
 // alpha: expert_alpha of the tile's expert. rws (FC2): the tile's router weights in shared memory,
 // written before this call (fc2_store_rows).
-template <bool kFc1, int BM, bool kF16>
-__device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileInfo& ti, float alpha,
-                                            const float (&acc)[BM / 2], float* stage, int c, int t, int ct,
-                                            const float* rws) {
+template <bool kFc1, int BM>
+__device__ __forceinline__ void stage_acc(const MoeGemmParams& p, const TileInfo& ti, float alpha,
+                                          const float (&acc)[BM / 2], float* stage, int c, int t) {
   // acc element i is D[weight row 64c + acc_row(t, i)][routed row acc_col(t, i)] (wgmma_layout.h).
   float bias[2] = {0.0f, 0.0f};  // this thread's two weight rows: acc_row(t, i) for (i / 2) % 2 = 0, 1
   if (p.bias) {
@@ -321,6 +350,13 @@ __device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileIn
     const int v = 64 * c + wgmma::acc_row(t, i), n = wgmma::acc_col(t, i);
     stage[n * kLdc + v] = alpha * acc[i] + bias[(i >> 1) & 1];
   }
+}
+// finish_tile: stage_acc, then the epilogue over both consumers (the kernels without helpers).
+template <bool kFc1, int BM, bool kF16>
+__device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileInfo& ti, float alpha,
+                                            const float (&acc)[BM / 2], float* stage, int c, int t, int ct,
+                                            const float* rws) {
+  stage_acc<kFc1, BM>(p, ti, alpha, acc, stage, c, t);
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
   const int rows = min(BM, ti.valid);
   if constexpr (kFc1) fc1_store_rows<BN, BM <= 32>(p, stage, kLdc, rows, ti.row0, ti.e, ti.y, ct, kConsumers * kWarpgroup);
@@ -499,7 +535,10 @@ __device__ __forceinline__ void add_partials(const Split& sp, const SplitPlan& p
 // scales; without it the raw code words stand in) and kMma (the wgmma group; without it the
 // fragments are folded into one accumulator) — and only with both the epilogue.
 enum : int { kDequant = 1, kMma = 2, kAllParts = 3 };
-template <bool kFc1, int BM, bool kF16, int kParts = kAllParts>
+// kHelp (dynamic's gemm_kernel at BM >= 64, kHelpOf): the epilogue goes to the helpers (help): the
+// consumers wait until the staging is free (c_empty), stage the tile and its router weights, arrive
+// on c_full and return to the next item.
+template <bool kFc1, int BM, bool kF16, int kParts = kAllParts, bool kHelp = false>
 __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, int w,
                                              const ptx::Watchdog& wd, uint32_t& it, unsigned* done = nullptr,
                                              int k0 = 0, int k1 = -1, Piece kind = Piece::kWhole,
@@ -613,6 +652,15 @@ __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF
   }
   if (kind == Piece::kFinish) add_partials<BM>(*split, *plan, w, p.k_pad / BK, acc, ct, wd);
 
+  if constexpr (kHelp) {
+    static_assert(BM <= 128 && kParts == kAllParts, "the helpers' staging holds the whole tile");
+    const int u = (w - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x);  // this CTA's item count
+    ptx::mbar_wait(&sm.c_empty, (u & 1) ^ 1, wd, kWaitStagingFree, u);
+    if (!kFc1 && ct < BM) sm.rw[ct] = rw;
+    stage_acc<kFc1, BM>(p, ti, kFc1 ? expert_alpha<kF16>(p, ti.e) : alpha, acc, sm.c, c, t);
+    ptx::mbar_arrive(&sm.c_full);  // release: the helpers' wait sees the staging
+    return;
+  }
   if (!kFc1 && ct < BM) sm.rw[ct] = rw;  // read after finish_tile's first barrier
   finish_tile<kFc1, BM, kF16>(p, ti, kFc1 ? expert_alpha<kF16>(p, ti.e) : alpha, acc, sm.c, c, t, ct, sm.rw);
   if (done) {
@@ -623,10 +671,11 @@ __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF
 }
 // CTA b's items b, b + G, ... below `whole`, then its pieces of the rest (PieceCursor) of one GEMM
 // (dynamic; static_moe.cuh runs FC1's and then FC2's items whole).
-template <bool kFc1, int BM, bool kF16, bool kSplit = false>
+template <bool kFc1, int BM, bool kF16, bool kSplit = false, bool kHelp = false>
 __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, const Split& split,
                                         int whole, const ptx::Watchdog& wd, uint32_t& it) {
-  for (int w = blockIdx.x; w < whole; w += gridDim.x) consume_item<kFc1, BM, kF16>(p, sm, n_tiles, w, wd, it);
+  for (int w = blockIdx.x; w < whole; w += gridDim.x)
+    consume_item<kFc1, BM, kF16, kAllParts, kHelp>(p, sm, n_tiles, w, wd, it);
   if constexpr (kSplit) {
     const SplitPlan pl = gemm_split_plan(p, n_tiles, split);
     ItemPiece pc;
@@ -635,13 +684,33 @@ __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& 
   }
 }
 
+// The helpers (kHelp): helper h of kHelpers runs the epilogue of each of this CTA's items, in the
+// consumers' order, once they have staged it (c_full), then hands the staging back (c_empty).
+template <bool kFc1, int BM, bool kF16>
+__device__ __forceinline__ void help(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, int whole, int h,
+                                     const ptx::Watchdog& wd) {
+  int u = 0;
+  for (int w = blockIdx.x; w < whole; w += gridDim.x, ++u) {
+    const TileInfo ti = tile_info<BM>(p, w, n_tiles);
+    ptx::mbar_wait(&sm.c_full, u & 1, wd, kWaitStaged, u);
+    const int rows = min(BM, ti.valid);
+    if constexpr (kFc1) fc1_store_rows<BN, false>(p, sm.c, kLdc, rows, ti.row0, ti.e, ti.y, h, kHelpers);
+    else fc2_store_rows<BN>(p, sm.c, kLdc, rows, ti.row0, ti.y, h, kHelpers, sm.rw);
+    ptx::mbar_arrive(&sm.c_empty);  // release: this thread's reads of the staging come before
+  }
+}
+
 // A register-path CTA's start (dynamic's gemm_kernel, static's static_kernel), all threads: the
 // ring's barriers (thread 0; "full" takes the producer's one arrival with the stage's bytes), the
 // bf16 variant's lookup tables, then a __syncthreads.
 template <int BM, bool kF16>
 __device__ __forceinline__ void start_cta(Smem<BM, kF16>& sm, bool nvfp4) {
-  if (threadIdx.x == 0) init_pipeline<Smem<BM, kF16>::kStages>(sm.full, sm.empty, &sm.aborted);
-  if constexpr (!kF16) fill_frag_tables(sm.tables, nvfp4, threadIdx.x, kThreads);
+  if (threadIdx.x == 0) {
+    init_pipeline<Smem<BM, kF16>::kStages>(sm.full, sm.empty, &sm.aborted);
+    ptx::mbar_init(&sm.c_full, kConsumers * kWarpgroup);  // the helpers' (kHelp; unused otherwise)
+    ptx::mbar_init(&sm.c_empty, kHelpers);
+  }
+  if constexpr (!kF16) fill_frag_tables(sm.tables, nvfp4, threadIdx.x, blockDim.x);  // 384 or 512 threads
   __syncthreads();
 }
 
@@ -672,8 +741,9 @@ __device__ __forceinline__ bool take_role() {
 // watchdog: optional global int[ptx::kWatchdogReportInts], zeroed, that a pipeline wait past
 // ptx::kWatchdogNs fills (tests); null in production, where waits have no time limit.
 // kF16 = p.f16 (the host launches the matching instance): consume's f16 variant, no tables to fill.
+// kHelp (kHelpOf<BM>, never with the split): kHelpThreads threads, the epilogue on the helpers (help).
 template <bool kFc1, int BM, bool kF16, bool kSplit = false>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm<BM, kF16>)
+__global__ void __launch_bounds__(kSplit ? kThreads : kGemmThreads<BM>, kCtasPerSm<BM, kF16>)
     gemm_kernel(MoeGemmParams p, const __grid_constant__ TensorMaps maps, int n_tiles, Split split, int* watchdog) {
   static_assert(!kSplit || BM == kSplitTileM, "the split's instances are the 16-row kernels'");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -687,8 +757,26 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<BM, kF16>)
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int whole = kSplit ? gemm_split_plan(p, n_tiles, split).whole : *p.num_tiles * n_tiles;
   uint32_t it = 0;
-  if (take_role<BM, kF16>()) produce<kFc1, BM, kF16, kSplit>(p, &maps, sm, n_tiles, split, whole, wd, it);
-  else consume<kFc1, BM, kF16, kSplit>(p, sm, n_tiles, split, whole, wd, it);
+  constexpr bool kHelp = kHelpOf<BM> && !kSplit;
+  if constexpr (kHelp) {
+    // Warpgroups 0 (thread 0 produces, warps 1–3 help) and 3 (helps) give registers back to
+    // kHelperRegs; the consumers (1, 2) take what that frees (kHelpConsumerRegs).
+    const int wg = threadIdx.x / kWarpgroup;
+    if (wg == 0 || wg == kConsumers + 1) {
+      ptx::setmaxnreg_dec<kHelperRegs>();
+      if (threadIdx.x == 0) produce<kFc1, BM, kF16>(p, &maps, sm, n_tiles, split, whole, wd, it);
+      else if (threadIdx.x >= 32)
+        help<kFc1, BM, kF16>(p, sm, n_tiles, whole, wg == 0 ? threadIdx.x - 32 : threadIdx.x - (kThreads + 32) + kWarpgroup,
+                             wd);
+    } else {
+      ptx::setmaxnreg_inc<kHelpConsumerRegs>();
+      consume<kFc1, BM, kF16, false, true>(p, sm, n_tiles, split, whole, wd, it);
+    }
+  } else if (take_role<BM, kF16>()) {
+    produce<kFc1, BM, kF16, kSplit>(p, &maps, sm, n_tiles, split, whole, wd, it);
+  } else {
+    consume<kFc1, BM, kF16, kSplit>(p, sm, n_tiles, split, whole, wd, it);
+  }
 }
 
 }  // namespace fp4moe::kernels::dynamic
