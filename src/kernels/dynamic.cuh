@@ -24,8 +24,8 @@
 //                      activation tile.
 //   Then the two consumers stage alpha·acc + bias transposed (routed row × weight column) and run
 //   the FC1 or FC2 epilogue of the tile together (named barrier over 256 threads); at BM >= 64
-//   (kHelpOf) they only stage it, and 7 helper warps (the producer warpgroup's warps 1–3 and a fourth
-//   warpgroup) run the epilogue while the consumers multiply the next item (help).
+//   (kHelpOf) they only stage it, and 8 helper warps (warpgroups 3 and 4) run the epilogue while the
+//   consumers multiply the next item (help).
 //   Stages: a ring of kStagesOf<BM> (activation tile, weight slice) pairs with mbarriers "full" (one
 //   producer arrival with the stage's bytes) and "empty" (256 consumer arrivals); no __syncthreads
 //   after the prologue.
@@ -123,20 +123,25 @@ inline constexpr int kConsumerRegs =
 // ~half the stall samples in the epilogue and the stage loop tensor-bound while it ran (session 33,
 // bench/results/ncu/dynamic-bm256-s33-qwen3-16384-fc1.txt). So the consumers only stage the tile
 // (alpha·acc + bias) and go on to the next item, and kHelpers threads run the epilogue from the
-// staging meanwhile: the producer warpgroup's warps 1–3 and a fourth warpgroup, 7 warps. Why 7: the
-// epilogue is latency-bound per warp (issue ~28 % busy), so its rate goes with its warps; the 8
-// consumer warps took it in about a stage loop's time, so 3 helper warps would take ~2.7 of them.
-// Registers: 512 threads launch with 128 each; the producer and helper warpgroups give back to
-// kHelperRegs, the consumers take the rest (64 accumulators and two fragment sets at BM = 128).
+// staging meanwhile: two more warpgroups, 8 warps. Why 8: the epilogue is latency-bound per thread
+// (a thread's chain of blocks, issue ~28 % busy), and a 128-row tile's 512 NVFP4 blocks (256 MX)
+// go 2 (1) a thread over 256 threads; the 7 warps of session 34's first form (the producer
+// warpgroup's warps 1-3 and one warpgroup, 224 threads) left 64 threads a third block and measured
+// FC1 -8.5 % instead of -35 % (Nsight Compute: every item waited on its slowest helpers).
+// Registers: 640 threads launch with 96 each (61440); the producer warpgroup gives back to
+// kProducerRegs (its warps 1-3 return), the helpers to kHelperRegs, the consumers take the rest
+// (64 accumulators and two fragment sets at BM = 128).
 template <int BM>
 inline constexpr bool kHelpOf = BM >= 64;
-inline constexpr int kHelpThreads = kThreads + kWarpgroup;       // 512
-inline constexpr int kHelpers = (kWarpgroup - 32) + kWarpgroup;  // 224: producer warpgroup warps 1–3 + warpgroup 3
-inline constexpr int kHelpLaunchRegs = 65536 / kHelpThreads / 8 * 8;  // 128
-inline constexpr int kHelperRegs = 88;
+inline constexpr int kHelpThreads = kThreads + 2 * kWarpgroup;  // 640
+inline constexpr int kHelpers = 2 * kWarpgroup;                 // 256: warpgroups 3 and 4
+inline constexpr int kHelpLaunchRegs = 65536 / kHelpThreads / 8 * 8;  // 96
+inline constexpr int kHelperRegs = 56;
 inline constexpr int kHelpConsumerRegs =
-    (kHelpLaunchRegs * kHelpThreads - 2 * kWarpgroup * kHelperRegs) / (kConsumers * kWarpgroup) / 8 * 8;  // 168
-static_assert(2 * kWarpgroup * kHelperRegs + kConsumers * kWarpgroup * kHelpConsumerRegs <= 65536,
+    (kHelpLaunchRegs * kHelpThreads - kWarpgroup * kProducerRegs - kHelpers * kHelperRegs) / (kConsumers * kWarpgroup) /
+    8 * 8;  // 160
+static_assert(kWarpgroup * kProducerRegs + kHelpers * kHelperRegs + kConsumers * kWarpgroup * kHelpConsumerRegs <=
+                  kHelpLaunchRegs * kHelpThreads,
               "the consumers' setmaxnreg.inc would wait forever");
 // A register-path GEMM kernel's threads and launch registers (the host launches and checks with these).
 template <int BM>
@@ -550,14 +555,25 @@ __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF
   const int sb = kF16 ? 4 : 64 / p.block, j = 4 * c + warp;  // j: this warp's row tile
   const uint32_t a_base = ptx::smem_addr(sm.a[0]);
   FragLut lut{};  // the bf16 variant's tables (the f16 one has none)
-  if constexpr (!kF16) lut = frag_lut(sm.tables);
+  if constexpr (!kF16) {
+    lut = frag_lut(sm.tables);
+    if constexpr (kHelp) asm volatile("" : "+r"(lut.e2m1), "+r"(lut.scale));  // as w_addr0 below
+  }
   constexpr int kRing = Smem<BM, kF16>::kStages;
   // Stage s's operands lie constant strides past stage 0's: this lane's codes, its row tile's scale
   // bytes, the activation tile's descriptor (its address field counts 16-byte units; shared
   // addresses stay below 2^18, so nothing carries out of it). Taken once an item, so a stage adds
   // s · stride instead of converting generic pointers and rebuilding the descriptor (~20 of a BM = 32
   // stage's ~150 instructions, NOTES session 12).
-  const uint32_t w_addr0 = ptx::smem_addr(&sm.w[0][j][lane]), ws_addr0 = ptx::smem_addr(&sm.ws[0][j * 16 * sb]);
+  uint32_t w_addr0 = ptx::smem_addr(&sm.w[0][j][lane]), ws_addr0 = ptx::smem_addr(&sm.ws[0][j * 16 * sb]);
+  if constexpr (kHelp) {
+    // ptxas weighs the helpers' kernels' register pressure at their launch count (96 for 640
+    // threads), not the consumers' after setmaxnreg, and re-derived these addresses (with the scale
+    // bytes' lane offset, and the bf16 tables' lut) from threadIdx in every stage (+49 instructions
+    // a stage pair at BM = 128). Opaque, they stay in registers.
+    ws_addr0 += (lane >> 2) * (sb == 4 ? 4 : 2);  // frag_scales_smem<true>
+    asm volatile("" : "+r"(w_addr0), "+r"(ws_addr0));
+  }
   constexpr uint32_t kWStride = sizeof(sm.w[0]), kWsStride = sizeof(sm.ws[0]);
   const uint64_t desc_base = wgmma::operand_desc_sw128(a_base, 0, 0);
   const uint64_t kDescStride = wgmma::tile_bytes(BM) >> 4;
@@ -582,7 +598,7 @@ __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF
     // runtime strides cost ~15 a stage (session 16).
     const uint4 codes = ptx::ld_shared_v4(w_addr0 + s * kWStride);  // one LDS.128
     uint32_t slo, shi;
-    frag_scales_smem(ws_addr0 + s * kWsStride, sb, slo, shi);
+    frag_scales_smem<kHelp>(ws_addr0 + s * kWsStride, sb, slo, shi);
     const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
     if constexpr (!(kParts & kDequant)) {
 #pragma unroll
@@ -710,7 +726,7 @@ __device__ __forceinline__ void start_cta(Smem<BM, kF16>& sm, bool nvfp4) {
     ptx::mbar_init(&sm.c_full, kConsumers * kWarpgroup);  // the helpers' (kHelp; unused otherwise)
     ptx::mbar_init(&sm.c_empty, kHelpers);
   }
-  if constexpr (!kF16) fill_frag_tables(sm.tables, nvfp4, threadIdx.x, blockDim.x);  // 384 or 512 threads
+  if constexpr (!kF16) fill_frag_tables(sm.tables, nvfp4, threadIdx.x, blockDim.x);  // 384 or 640 threads
   __syncthreads();
 }
 
@@ -759,15 +775,15 @@ __global__ void __launch_bounds__(kSplit ? kThreads : kGemmThreads<BM>, kCtasPer
   uint32_t it = 0;
   constexpr bool kHelp = kHelpOf<BM> && !kSplit;
   if constexpr (kHelp) {
-    // Warpgroups 0 (thread 0 produces, warps 1–3 help) and 3 (helps) give registers back to
-    // kHelperRegs; the consumers (1, 2) take what that frees (kHelpConsumerRegs).
+    // Warpgroup 0 gives registers back to kProducerRegs (thread 0 produces, warps 1-3 return), the
+    // helpers (3, 4) to kHelperRegs; the consumers (1, 2) take what that frees (kHelpConsumerRegs).
     const int wg = threadIdx.x / kWarpgroup;
-    if (wg == 0 || wg == kConsumers + 1) {
-      ptx::setmaxnreg_dec<kHelperRegs>();
+    if (wg == 0) {
+      ptx::setmaxnreg_dec<kProducerRegs>();
       if (threadIdx.x == 0) produce<kFc1, BM, kF16>(p, &maps, sm, n_tiles, split, whole, wd, it);
-      else if (threadIdx.x >= 32)
-        help<kFc1, BM, kF16>(p, sm, n_tiles, whole, wg == 0 ? threadIdx.x - 32 : threadIdx.x - (kThreads + 32) + kWarpgroup,
-                             wd);
+    } else if (wg > kConsumers) {
+      ptx::setmaxnreg_dec<kHelperRegs>();
+      help<kFc1, BM, kF16>(p, sm, n_tiles, whole, threadIdx.x - kThreads, wd);
     } else {
       ptx::setmaxnreg_inc<kHelpConsumerRegs>();
       consume<kFc1, BM, kF16, false, true>(p, sm, n_tiles, split, whole, wd, it);

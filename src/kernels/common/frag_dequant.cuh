@@ -153,8 +153,10 @@ __device__ __forceinline__ void frag_scales(const uint8_t* s, int sb, uint32_t& 
 }
 
 // frag_scales from the shared-memory address of the row tile's scale bytes (its row 0).
+// kLaneIn: s already holds this lane's offset, g · (sb == 4 ? 4 : 2) (dynamic's helper kernels).
+template <bool kLaneIn = false>
 __device__ __forceinline__ void frag_scales_smem(uint32_t s, int sb, uint32_t& slo, uint32_t& shi) {
-  const int g = (threadIdx.x & 31) >> 2;
+  const int g = kLaneIn ? 0 : (threadIdx.x & 31) >> 2;
   if (sb == 4) {
     slo = ptx::ld_shared_u32(s + g * 4);
     shi = ptx::ld_shared_u32(s + (g + 8) * 4);
