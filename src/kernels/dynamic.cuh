@@ -123,11 +123,11 @@ inline constexpr int kConsumerRegs =
 // ~half the stall samples in the epilogue and the stage loop tensor-bound while it ran (session 33,
 // bench/results/ncu/dynamic-bm256-s33-qwen3-16384-fc1.txt). So the consumers only stage the tile
 // (alpha·acc + bias) and go on to the next item, and kHelpers threads run the epilogue from the
-// staging meanwhile: two more warpgroups, 8 warps. Why 8: the epilogue is latency-bound per thread
-// (a thread's chain of blocks, issue ~28 % busy), and a 128-row tile's 512 NVFP4 blocks (256 MX)
-// go 2 (1) a thread over 256 threads; the 7 warps of session 34's first form (the producer
-// warpgroup's warps 1-3 and one warpgroup, 224 threads) left 64 threads a third block and measured
-// FC1 -8.5 % instead of -35 % (Nsight Compute: every item waited on its slowest helpers).
+// staging meanwhile: two more warpgroups, 8 warps. Why 8 (session 34, NOTES): the helpers' rate
+// went with their warp count. 7 warps (the producer warpgroup's warps 1-3 and one warpgroup) left
+// the consumers waiting on c_empty a quarter of their time (FC1 -8.5 % at qwen3-30b-a3b a4
+// T = 16384 instead of the -35 % predicted); the same 7 warps with shorter per-thread chains
+// (8-column tasks) changed nothing; these 8 took FC1 a further -17 % (1768 -> 1473 us).
 // Registers: 640 threads launch with 96 each (61440); the producer warpgroup gives back to
 // kProducerRegs (its warps 1-3 return), the helpers to kHelperRegs, the consumers take the rest
 // (64 accumulators and two fragment sets at BM = 128).
