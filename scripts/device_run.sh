@@ -13,7 +13,9 @@
 # --ncu "REGEX[@SKIP]::ARGS" profiles one launch of the kernels matching REGEX (e.g. direct_micro_kernel,
 # gemm_kernel) inside `fp4moe bench ARGS` with Nsight Compute (--set full, after SKIP (default 3) launches of it),
 # its details page, the stall reasons and the SASS lines with most stall samples (scripts/ncu_summary.py)
-# into ncu-N.txt; ARGS should name one point (e.g. --tokens 1 --iters 1 --no-peer).
+# into ncu-N.txt; ARGS should name one point (e.g. --tokens 1 --iters 1 --no-peer). REGEX matches the
+# function's name without its template arguments ("gemm_kernel<1" profiles nothing). At a dynamic point
+# with --iters 1 --warmup 0, gemm_kernel@2 is FC1 and gemm_kernel@3 FC2 (session 34).
 # --ncu-times "ARGS": every kernel's duration inside `fp4moe bench ARGS`, summed by kernel name
 # (ncu-times-N.txt): where the time of a multi-kernel backend goes.
 # --diag runs the DISABLED_ diagnostics (GpuDiagnostics.*: direct_micro's phase trace) into diag.log.
