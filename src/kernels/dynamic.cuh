@@ -143,11 +143,9 @@ inline constexpr int kHelpConsumerRegs =
 static_assert(kWarpgroup * kProducerRegs + kHelpers * kHelperRegs + kConsumers * kWarpgroup * kHelpConsumerRegs <=
                   kHelpLaunchRegs * kHelpThreads,
               "the consumers' setmaxnreg.inc would wait forever");
-// A register-path GEMM kernel's threads and launch registers (the host launches and checks with these).
+// A register-path GEMM kernel's threads (the host launches with these; without the split).
 template <int BM>
 inline constexpr int kGemmThreads = kHelpOf<BM> ? kHelpThreads : kThreads;
-template <int BM, bool kF16>
-inline constexpr int kGemmLaunchRegs = kHelpOf<BM> ? kHelpLaunchRegs : kLaunchRegs<BM, kF16>;
 // Staging row stride in floats: 4 (mod 32) makes both the accumulator stores (8 weight rows × 4
 // routed rows per instruction) and the epilogue's float4 reads down 8 rows conflict-free.
 inline constexpr int kLdc = BN + 4;
@@ -356,6 +354,15 @@ __device__ __forceinline__ void stage_acc(const MoeGemmParams& p, const TileInfo
     stage[n * kLdc + v] = alpha * acc[i] + bias[(i >> 1) & 1];
   }
 }
+// The FC1 or FC2 epilogue of the staged tile ti over `nthreads` threads (this one `tid`): the
+// consumers' (finish_tile) or the helpers' (help). rws: FC2's router weights in shared memory.
+template <bool kFc1, int BM>
+__device__ __forceinline__ void store_tile(const MoeGemmParams& p, const TileInfo& ti, float* stage, const float* rws,
+                                           int tid, int nthreads) {
+  const int rows = min(BM, ti.valid);
+  if constexpr (kFc1) fc1_store_rows<BN, BM <= 32>(p, stage, kLdc, rows, ti.row0, ti.e, ti.y, tid, nthreads);
+  else fc2_store_rows<BN>(p, stage, kLdc, rows, ti.row0, ti.y, tid, nthreads, rws);
+}
 // finish_tile: stage_acc, then the epilogue over both consumers (the kernels without helpers).
 template <bool kFc1, int BM, bool kF16>
 __device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileInfo& ti, float alpha,
@@ -363,9 +370,7 @@ __device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileIn
                                             const float* rws) {
   stage_acc<kFc1, BM>(p, ti, alpha, acc, stage, c, t);
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
-  const int rows = min(BM, ti.valid);
-  if constexpr (kFc1) fc1_store_rows<BN, BM <= 32>(p, stage, kLdc, rows, ti.row0, ti.e, ti.y, ct, kConsumers * kWarpgroup);
-  else fc2_store_rows<BN>(p, stage, kLdc, rows, ti.row0, ti.y, ct, kConsumers * kWarpgroup, rws);
+  store_tile<kFc1, BM>(p, ti, stage, rws, ct, kConsumers * kWarpgroup);
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);  // staging is reused by the next tile
 }
 
@@ -709,9 +714,7 @@ __device__ __forceinline__ void help(const MoeGemmParams& p, Smem<BM, kF16>& sm,
   for (int w = blockIdx.x; w < whole; w += gridDim.x, ++u) {
     const TileInfo ti = tile_info<BM>(p, w, n_tiles);
     ptx::mbar_wait(&sm.c_full, u & 1, wd, kWaitStaged, u);
-    const int rows = min(BM, ti.valid);
-    if constexpr (kFc1) fc1_store_rows<BN, false>(p, sm.c, kLdc, rows, ti.row0, ti.e, ti.y, h, kHelpers);
-    else fc2_store_rows<BN>(p, sm.c, kLdc, rows, ti.row0, ti.y, h, kHelpers, sm.rw);
+    store_tile<kFc1, BM>(p, ti, sm.c, sm.rw, h, kHelpers);
     ptx::mbar_arrive(&sm.c_empty);  // release: this thread's reads of the staging come before
   }
 }
