@@ -548,11 +548,23 @@ enum : int { kDequant = 1, kMma = 2, kAllParts = 3 };
 // kHelp (dynamic's gemm_kernel at BM >= 64, kHelpOf): the epilogue goes to the helpers (help): the
 // consumers wait until the staging is free (c_empty), stage the tile and its router weights, arrive
 // on c_full and return to the next item.
+// kHelp at BM = 128 (kNarrow): the MMAs are only as wide as the item's valid rows need, in quarters of
+// BM (an expert's last m-tile holds its rows mod BM, and part of a stage's time goes with the width;
+// session 35: at 64-row tiles the narrow widths gained nothing at a4 and lost at a16): one stage loop whose
+// MMA block picks the width (one uniform branch a stage), all widths accumulating into the first
+// columns of the same acc. Why one loop: a copy of the stage loop per width, inlined side by side,
+// made ptxas serialise every wgmma of the kernel (C7512, insufficient registers at the 96-register
+// launch bound, even for two copies of one width; session 35). Why narrow: the m-tile rule
+// (launch_dynamic.cu dynamic_tile_m) gives a tile twice the average rows per expert, so at 64 routed
+// rows per expert (deepseek-v3 T = 2048, qwen3-30b-a3b T = 1024) 128-row tiles multiplied about
+// twice the rows they hold. known: the item's TileInfo, already loaded (consume loads the next
+// item's behind the current one: the width is needed at the first stage's MMAs).
 template <bool kFc1, int BM, bool kF16, int kParts = kAllParts, bool kHelp = false>
 __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, int w,
                                              const ptx::Watchdog& wd, uint32_t& it, unsigned* done = nullptr,
                                              int k0 = 0, int k1 = -1, Piece kind = Piece::kWhole,
-                                             const Split* split = nullptr, const SplitPlan* plan = nullptr) {
+                                             const Split* split = nullptr, const SplitPlan* plan = nullptr,
+                                             const TileInfo* known = nullptr) {
   const int c = threadIdx.x / kWarpgroup - 1;
   const int t = threadIdx.x % kWarpgroup, warp = t >> 5, lane = t & 31;
   const int ct = threadIdx.x - kWarpgroup;  // 0..255: this thread among both consumers (epilogue)
@@ -585,7 +597,10 @@ __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF
   float acc[BM / 2];
 #pragma unroll
   for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
-  const TileInfo ti = tile_info<BM>(p, w, n_tiles);
+  const TileInfo ti = known ? *known : tile_info<BM>(p, w, n_tiles);
+  // kNarrow: the MMAs' width in quarters of BM, 1..4.
+  constexpr bool kNarrow = kHelp && BM == 128;
+  const int quarters = kNarrow ? min(4, (ti.valid + BM / 4 - 1) / (BM / 4)) : 4;
   const float rw = kFc1 || ct >= BM ? 0.0f : router_weight(p, ti, ct);
   // FC2's alpha here, with the router weight (FC1's in the epilogue: its consumers have no load at the
   // tile's start to share the wait for the tile's expert with); 3.6 % of FC2's stall samples were on
@@ -632,14 +647,29 @@ __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF
     // No proxy fence here: the stage was written by the async proxy (tensor and bulk copies) and
     // completed "full", whose wait makes it visible to this thread and to its wgmma.
     ptx::fence_operand(acc);
-    ptx::wgmma_fence();
     // The stage's k16 steps lie 32 bytes apart in the swizzled rows (operand_desc_sw128): added to
     // the descriptor's address field (16-byte units; shared addresses stay below 2^18, so nothing
     // carries out of it) instead of building each descriptor (~5 uniform instructions per wgmma).
     const uint64_t desc0 = desc_base + s * kDescStride;
+    // The stage's 4 k16 steps at N = width, as one group. Fence and commit inside each width's branch:
+    // with the commit after the branches joined, ptxas closed the group with an empty HGMMA there, so
+    // wgmma_wait<1> waited for this stage's own MMAs.
+    auto mmas = [&](auto width) {
+      constexpr int N = decltype(width)::value;
+      float(&d)[N / 2] = *reinterpret_cast<float(*)[N / 2]>(&acc[0]);
+      ptx::wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) ptx::mma_m64nNk16_rs<BM, kF16>(acc, a[ks], desc0 + 2 * ks, (kt | ks) != 0);
-    ptx::wgmma_commit();
+      for (int ks = 0; ks < 4; ++ks) ptx::mma_m64nNk16_rs<N, kF16>(d, a[ks], desc0 + 2 * ks, (kt | ks) != 0);
+      ptx::wgmma_commit();
+    };
+    if constexpr (kNarrow) {
+      if (quarters == 4) mmas(std::integral_constant<int, BM>{});
+      else if (quarters == 3) mmas(std::integral_constant<int, 3 * BM / 4>{});
+      else if (quarters == 2) mmas(std::integral_constant<int, BM / 2>{});
+      else mmas(std::integral_constant<int, BM / 4>{});
+    } else {
+      mmas(std::integral_constant<int, BM>{});
+    }
     ptx::fence_operand(acc);
     ptx::wgmma_wait<1>();  // stage kt - 1's group is done: its A set and tile are free
     ptx::fence_operand(acc);
@@ -692,11 +722,25 @@ __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF
 }
 // CTA b's items b, b + G, ... below `whole`, then its pieces of the rest (PieceCursor) of one GEMM
 // (dynamic; static_moe.cuh runs FC1's and then FC2's items whole).
+// kHelp at BM = 128: each item's TileInfo is loaded behind the item before it (consume_item's
+// narrow MMAs need its valid rows at the first stage).
 template <bool kFc1, int BM, bool kF16, bool kSplit = false, bool kHelp = false>
 __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, const Split& split,
                                         int whole, const ptx::Watchdog& wd, uint32_t& it) {
-  for (int w = blockIdx.x; w < whole; w += gridDim.x)
-    consume_item<kFc1, BM, kF16, kAllParts, kHelp>(p, sm, n_tiles, w, wd, it);
+  if constexpr (kHelp && BM == 128) {
+    static_assert(!kSplit, "the helpers' kernels run whole items");
+    const int grid = static_cast<int>(gridDim.x);
+    TileInfo ti = static_cast<int>(blockIdx.x) < whole ? tile_info<BM>(p, blockIdx.x, n_tiles) : TileInfo{};
+    for (int w = blockIdx.x; w < whole; w += grid) {
+      const TileInfo next = w + grid < whole ? tile_info<BM>(p, w + grid, n_tiles) : ti;
+      consume_item<kFc1, BM, kF16, kAllParts, true>(p, sm, n_tiles, w, wd, it, nullptr, 0, -1, Piece::kWhole, nullptr,
+                                                    nullptr, &ti);
+      ti = next;
+    }
+  } else {
+    for (int w = blockIdx.x; w < whole; w += gridDim.x)
+      consume_item<kFc1, BM, kF16, kAllParts, kHelp>(p, sm, n_tiles, w, wd, it);
+  }
   if constexpr (kSplit) {
     const SplitPlan pl = gemm_split_plan(p, n_tiles, split);
     ItemPiece pc;
