@@ -411,7 +411,10 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int til
                     << list(bad_by_part) << "; by n-tile " << list(bad_by_ntile) << ")" << first.str();
 }
 
-// The register path's cases: both formats, and the shapes that stress its tiles.
+// The register path's cases: both formats, and the shapes that stress its tiles. At 128-row m-tiles
+// their items run every width of the narrow MMAs (dynamic.cuh consume_item, kNarrow): 32 (1, 3, 17
+// rows, and the 1- and 2-row tails of 129 and 130), 64 (64, and 300's tail of 44), 96 (65, and
+// 200's tail of 72) and 128 (127, and the full tiles).
 std::vector<GemmCase> register_path_cases() {
   return {
       {true, {1}, 128, 64},                        // one row, one stage
