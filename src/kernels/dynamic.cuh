@@ -133,6 +133,10 @@ inline constexpr int kConsumerRegs =
 // (64 accumulators and two fragment sets at BM = 128).
 template <int BM>
 inline constexpr bool kHelpOf = BM >= 64;
+// The helpers' kernels whose items run narrow MMAs (consume_item's kNarrow; 64-row tiles keep the
+// full width, session 35).
+template <int BM>
+inline constexpr bool kNarrowOf = BM == 128;
 inline constexpr int kHelpThreads = kThreads + 2 * kWarpgroup;  // 640
 inline constexpr int kHelpers = 2 * kWarpgroup;                 // 256: warpgroups 3 and 4
 inline constexpr int kHelpLaunchRegs = 65536 / kHelpThreads / 8 * 8;  // 96
@@ -599,7 +603,7 @@ __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF
   for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;  // never read: each tile's first wgmma has scale-d = 0
   const TileInfo ti = known ? *known : tile_info<BM>(p, w, n_tiles);
   // kNarrow: the MMAs' width in quarters of BM, 1..4.
-  constexpr bool kNarrow = kHelp && BM == 128;
+  constexpr bool kNarrow = kHelp && kNarrowOf<BM>;
   const int quarters = kNarrow ? min(4, (ti.valid + BM / 4 - 1) / (BM / 4)) : 4;
   const float rw = kFc1 || ct >= BM ? 0.0f : router_weight(p, ti, ct);
   // FC2's alpha here, with the router weight (FC1's in the epilogue: its consumers have no load at the
@@ -727,7 +731,7 @@ __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF
 template <bool kFc1, int BM, bool kF16, bool kSplit = false, bool kHelp = false>
 __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, const Split& split,
                                         int whole, const ptx::Watchdog& wd, uint32_t& it) {
-  if constexpr (kHelp && BM == 128) {
+  if constexpr (kHelp && kNarrowOf<BM>) {
     static_assert(!kSplit, "the helpers' kernels run whole items");
     const int grid = static_cast<int>(gridDim.x);
     TileInfo ti = static_cast<int>(blockIdx.x) < whole ? tile_info<BM>(p, blockIdx.x, n_tiles) : TileInfo{};

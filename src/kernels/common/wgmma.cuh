@@ -102,8 +102,8 @@ __device__ __forceinline__ void mma_m64n256k16_bf16(float (&d)[128], uint64_t de
 }
 
 // D(64 × N, fp32) = A(64 × 16, registers) · B(16 × N: N rows × 16 k, shared, K-major)ᵀ +
-// (accumulate ? D : 0) for N = 16, 32, 48, 64, 96 or 128; A and B bf16, or both f16 (kF16: the NVFP4-a4
-// register path, frag_a_f16). 48 and 96: dynamic's narrow tiles (consume_item's kN). A is this thread's
+// (accumulate ? D : 0) for N = 16, 32, 64, 96 or 128; A and B bf16, or both f16 (kF16: the NVFP4-a4
+// register path, frag_a_f16). 96: dynamic's narrow MMAs (consume_item's kNarrow). A is this thread's
 // fragment in the m16n8k16 layout of its warp's 16 rows (common/frag_dequant.cuh); the registers are
 // read asynchronously, so they must not change until a wgmma_wait covers this instruction's group.
 // d: N / 2 floats (acc_row / acc_col).
@@ -112,11 +112,9 @@ __device__ __forceinline__ void mma_m64n256k16_bf16(float (&d)[128], uint64_t de
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define FP4MOE_WGMMA_D_REGS_0_31 \
     FP4MOE_WGMMA_D_REGS_0_15 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define FP4MOE_WGMMA_D_REGS_0_23 FP4MOE_WGMMA_D_REGS_0_15 ", %16, %17, %18, %19, %20, %21, %22, %23"
 #define FP4MOE_WGMMA_D_REGS_0_47 \
     FP4MOE_WGMMA_D_REGS_0_31 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
 #define FP4MOE_WGMMA_D16(i) FP4MOE_WGMMA_D8(i), FP4MOE_WGMMA_D8((i) + 8)
-#define FP4MOE_WGMMA_D24(i) FP4MOE_WGMMA_D16(i), FP4MOE_WGMMA_D8((i) + 16)
 #define FP4MOE_WGMMA_D32(i) FP4MOE_WGMMA_D16(i), FP4MOE_WGMMA_D16((i) + 16)
 #define FP4MOE_WGMMA_D48(i) FP4MOE_WGMMA_D32(i), FP4MOE_WGMMA_D16((i) + 32)
 // SHAPE: the instruction's; TYPES: its D.A.B types; DREGS / DOPS: its accumulator registers and
@@ -132,7 +130,7 @@ __device__ __forceinline__ void mma_m64n256k16_bf16(float (&d)[128], uint64_t de
 template <int N, bool kF16 = false>
 __device__ __forceinline__ void mma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                                 int accumulate) {
-  static_assert(N == 16 || N == 32 || N == 48 || N == 64 || N == 96 || N == 128, "the register path's tile widths");
+  static_assert(N == 16 || N == 32 || N == 64 || N == 96 || N == 128, "the register path's tile widths");
   if constexpr (N == 128 && kF16)
     FP4MOE_WGMMA_RS("m64n128k16", ".f32.f16.f16", FP4MOE_WGMMA_D_REGS_0_63, FP4MOE_WGMMA_D64(0), "%64, %65, %66, %67",
                     "%68", "%69");
@@ -151,12 +149,6 @@ __device__ __forceinline__ void mma_m64nNk16_rs(float (&d)[N / 2], const uint32_
   else if constexpr (N == 64)
     FP4MOE_WGMMA_RS("m64n64k16", ".f32.bf16.bf16", FP4MOE_WGMMA_D_REGS_0_31, FP4MOE_WGMMA_D32(0), "%32, %33, %34, %35",
                     "%36", "%37");
-  else if constexpr (N == 48 && kF16)
-    FP4MOE_WGMMA_RS("m64n48k16", ".f32.f16.f16", FP4MOE_WGMMA_D_REGS_0_23, FP4MOE_WGMMA_D24(0), "%24, %25, %26, %27",
-                    "%28", "%29");
-  else if constexpr (N == 48)
-    FP4MOE_WGMMA_RS("m64n48k16", ".f32.bf16.bf16", FP4MOE_WGMMA_D_REGS_0_23, FP4MOE_WGMMA_D24(0), "%24, %25, %26, %27",
-                    "%28", "%29");
   else if constexpr (N == 16 && kF16)
     FP4MOE_WGMMA_RS("m64n16k16", ".f32.f16.f16", FP4MOE_WGMMA_D_REGS_0_7, FP4MOE_WGMMA_D8(0), "%8, %9, %10, %11", "%12",
                     "%13");
@@ -173,10 +165,8 @@ __device__ __forceinline__ void mma_m64nNk16_rs(float (&d)[N / 2], const uint32_
 #undef FP4MOE_WGMMA_RS
 #undef FP4MOE_WGMMA_D48
 #undef FP4MOE_WGMMA_D32
-#undef FP4MOE_WGMMA_D24
 #undef FP4MOE_WGMMA_D16
 #undef FP4MOE_WGMMA_D_REGS_0_47
-#undef FP4MOE_WGMMA_D_REGS_0_23
 #undef FP4MOE_WGMMA_D_REGS_0_31
 #undef FP4MOE_WGMMA_D_REGS_0_15
 #undef FP4MOE_WGMMA_D_REGS_0_7
