@@ -11,7 +11,8 @@
 //       output, and ncclReduceScatter (sum, fp32) hands each rank the sum of its T_max rows; a cast
 //       kernel writes the rank's T rows in the config's output dtype. The sum is fp32 because a bf16
 //       reduce-scatter rounds every partial sum (and every hop of the ring) to 8 bits of mantissa;
-//       fp32 keeps one rounding, at the end — and makes a world of 1 bit-identical to MoeRunner.
+//       fp32 keeps one rounding, at the end — and makes a world of 1 bit-identical to MoeRunner (with
+//       EpOptions::deterministic and RunnerOptions::deterministic both true past 4096 routes).
 //       With tokens_per_rank given to run(), no host synchronisation: capturable in a CUDA graph.
 //       Without it, the counts are all-gathered and the host waits for them.
 //   kAllToAll  each rank sends every routed row (token, slot) only to the rank owning its expert
@@ -93,6 +94,7 @@ struct EpOptions {
   int64_t max_tokens = 4096;          // per rank: the most tokens one rank passes to run()
   EpStrategy strategy = EpStrategy::kAuto;
   Backend backend = Backend::kAuto;   // of the fused MoE each rank runs
+  bool deterministic = false;         // of the fused MoE each rank runs (RunnerOptions::deterministic)
   // kAllToAll: the most routed rows one rank may receive in one call. -1: world · max_tokens · top_k
   // (every route of every rank; never exceeded, but large). A call that would exceed it throws
   // CapacityError on every rank alike (they all see the count matrix).

@@ -20,7 +20,11 @@ namespace fp4moe {
 struct RunnerOptions {
   int64_t max_tokens = 4096;       // capacity: the workspace is sized for this many tokens
   Backend backend = Backend::kAuto;
-  bool deterministic = false;      // bit-identical output from run to run
+  // Bit-identical output from run to run. false lets the dynamic backend sum each token's top-k
+  // routes by fp32 reductions in its FC2 epilogue on calls of at least 4096 routes (T·K), whose order
+  // varies: results then differ from run to run in the fp32 summation order only (before the one
+  // rounding to bf16), and the call skips the Y round trip. true keeps every backend's fixed order.
+  bool deterministic = false;
   int cpu_threads = 0;             // reference backend: 0 = all hardware threads
   // Large prefill on the dynamic backend: device bytes the runner may hold for a bf16 copy of the
   // expert weights (0: none). Calls with at least prefill_bf16_min_rows routes per expert (T·K / E)

@@ -207,6 +207,7 @@ EpMoeLayer::EpMoeLayer(ncclComm_t comm, const MoeConfig& config, PreparedWeights
     RunnerOptions ro;
     ro.max_tokens = Tg;
     ro.backend = options.backend;
+    ro.deterministic = options.deterministic;
     m.ag_runner.emplace(c, weights, ro);
     m.bytes += m.ag_runner->workspace_bytes();
     m.ag_x = m.alloc(Tg * H * 2, "ep.ag_x");
@@ -230,6 +231,7 @@ EpMoeLayer::EpMoeLayer(ncclComm_t comm, const MoeConfig& config, PreparedWeights
     RunnerOptions ro;
     ro.max_tokens = m.max_recv;
     ro.backend = options.backend;
+    ro.deterministic = options.deterministic;
     try {
       m.a2a_runner.emplace(c1, PreparedWeights(std::move(impl)), ro);
     } catch (const CapacityError& e) {

@@ -76,6 +76,7 @@ class GpuRunner final : public Runner {
     if (o.backend == Backend::kDynamic || o.backend == Backend::kAuto) {
       dyn_ = std::make_unique<DynamicWorkspace>(device_);
       dyn_->tile_m = o.dynamic_tile_m;
+      dyn_->deterministic = o.deterministic;
     }
     // direct_micro's workspace only for the calls that can reach it: forced, every T up to
     // max_tokens (within the variant's capacity); kAuto, its line: T = 2 of top-k 2 beside dynamic on

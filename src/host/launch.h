@@ -75,8 +75,8 @@ inline constexpr int kMinTileM = 16;
 struct GenericWorkspace {
   GenericWorkspace(const MoeConfig& c, const DeviceWeights& w, int64_t max_tokens);
   size_t bytes() const;
-  DeviceBuffer route_row, row_weight, row_expert, expert_offset, expert_tile_offset, tile_expert, tile_row0, num_tiles, a1,
-      a2, y;
+  DeviceBuffer route_row, row_weight, row_expert, row_route, expert_offset, expert_tile_offset, tile_expert, tile_row0,
+      num_tiles, a1, a2, y;
   DeviceBuffer route_counts, route_cursor;  // the multi-CTA routing's per-expert counts and next rows
   int64_t tile_capacity = 0;  // entries of tile_expert / tile_row0 (enough for tile_m >= kMinTileM)
 };
@@ -101,7 +101,10 @@ void launch_route_gather(const MoeConfig& c, const DeviceWeights& w, GenericWork
 // past those limits.
 void launch_route_gather_kernels(const kernels::RoutingParams& rp, const kernels::generic::GatherParams& gp, bool fused,
                                  cudaStream_t stream);
-void launch_combine(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, bool dependent = false);
+// acc: the sums of the dynamic backend's scatter-add (MoeGemmParams::out_acc) to round into out
+// instead of summing Y.
+void launch_combine(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, bool dependent = false,
+                    const float* acc = nullptr);
 kernels::MoeGemmParams moe_gemm_params(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace& ws,
                                        const RunArgs& a, bool fc1);
 // The parameters of those pieces, for the static backend, which runs them inside its own launch:
@@ -126,6 +129,7 @@ struct DynamicWorkspace {
   int bf16_group = 0;
   int64_t bf16_min_rows = 0;
   int tile_m = 0;  // the register path's m-tile (RunnerOptions::dynamic_tile_m): 0 = dynamic_tile_m per call
+  bool deterministic = false;  // RunnerOptions::deterministic: no scatter-add (launch_dynamic.cu)
   // The register path's last-wave split (kernels/dynamic.cuh Split, kSplitTileM-row tiles): a slot of
   // BN × 16 fp32 partial sums and a flag per CTA (sms × 16 KB in all), the flags 0 between launches.
   DeviceBuffer split_partials, split_flags;

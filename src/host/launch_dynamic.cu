@@ -14,6 +14,20 @@ namespace {
 
 namespace dk = kernels::dynamic;
 
+// The top-k sum on the register path without RunnerOptions::deterministic, from this many routes
+// (T·K) on: FC2's epilogue adds each routed row's weighted values into an fp32 sum per token
+// (MoeGemmParams::out_acc: the fp32 output itself, or Y's buffer rounded into a bf16 output by the
+// combine launch), zeroed before the routing, instead of storing Y for the combine to sum in slot
+// order. Why: at qwen3-30b-a3b a4 T = 16384 (H100, session 32's ncu-times,
+// bench/results/h100-ncu-times-20261207-s32-dynamic-qwen3-a4-4096-16384.txt) the combine took ~390
+// of ~3520 µs reading Y's 1.07 GB (T·K rows × H fp32), and FC2 wrote the same bytes; the reductions
+// go to L2 and the sums (T × H fp32, 134 MB there) are all that reaches DRAM. The sums are the same
+// up to fp32 summation order (each route's value is); the order varies from run to run, and the
+// reductions (REDG.ADD.F32x4.FTZ) flush fp32 subnormals, below bf16's smallest normal too. Below the
+// line the deterministic chain stays: at decode the combine is a few µs and a memset node would
+// cost about as much.
+constexpr int64_t kScatterMinRoutes = 4096;
+
 // Σ_e ceil(r_e / tile_m) ≤ ceil(R / tile_m) + (number of non-empty experts) − 1.
 int64_t max_tiles(int64_t routes, int experts, int tile_m) {
   return (routes + tile_m - 1) / tile_m + std::min<int64_t>(experts, routes);
@@ -126,6 +140,12 @@ void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace
   // before (DependentLaunch): it starts as the one before has started all its CTAs, sets up, and
   // waits for it to complete (ptx::wait_prior_grids) before reading its output. The routing is an
   // ordinary launch, so a call still begins after everything before it in the stream.
+  // The scatter-add (kScatterMinRoutes) sums into the fp32 output itself, or into Y's buffer (T·K ≥ T
+  // rows of H floats) for a bf16 one; zeroed before the routing, an ordinary launch.
+  const bool scatter = !bf16 && !ws.deterministic && a.tokens * c.top_k >= kScatterMinRoutes;
+  const bool out_fp32 = c.output_dtype == OutputDType::kFP32;
+  float* acc = scatter ? (out_fp32 ? static_cast<float*>(a.out) : gws.y.get<float>()) : nullptr;
+  if (scatter) FP4MOE_CUDA_CHECK(cudaMemsetAsync(acc, 0, a.tokens * c.hidden * sizeof(float), a.stream));
   launch_route_gather(c, w, gws, a, tile_m, f16);
   if (bf16) {
     launch_dynamic_bf16_groups(c, w, gws, ws, a, tiles);
@@ -133,10 +153,12 @@ void launch_dynamic(const MoeConfig& c, const DeviceWeights& w, GenericWorkspace
     for (const bool fc1 : {true, false}) {
       kernels::MoeGemmParams p = moe_gemm_params(c, w, gws, a, fc1);
       p.f16 = f16;
+      if (!fc1 && scatter) p.out_acc = acc, p.row_route = gws.row_route.get<int>();
       launch_gemm(ws, p, fc1, tiles, tile_m, nullptr, a.stream);
     }
   }
-  launch_combine(c, gws, a, /*dependent=*/true);
+  if (!scatter) launch_combine(c, gws, a, /*dependent=*/true);
+  else if (!out_fp32) launch_combine(c, gws, a, /*dependent=*/true, acc);
 }
 
 }  // namespace fp4moe::gpu

@@ -115,7 +115,8 @@ void launch_dynamic_gemm_bm(const DynamicWorkspace& ws, const kernels::MoeGemmPa
   const int64_t resident = int64_t{ws.sms} * per_sm;
   const int64_t ktiles = p.k_pad / dk::BK;
   dk::Split split{};
-  if (BM == dk::kSplitTileM && ws.split_partials.get() && ktiles >= dk::kSplitMinItemStages &&
+  // (Not with FC2's scatter-add, p.out_acc: only the kSplit = false instances have its code.)
+  if (BM == dk::kSplitTileM && ws.split_partials.get() && !p.out_acc && ktiles >= dk::kSplitMinItemStages &&
       ktiles * resident * resident < (int64_t{1} << 31))
     split = {ws.split_partials.get<float>(), ws.split_flags.get<unsigned>()};
   const unsigned grid = static_cast<unsigned>(split.partials && 2 * work <= resident ? resident : std::min(resident, work));

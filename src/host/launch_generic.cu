@@ -29,6 +29,7 @@ GenericWorkspace::GenericWorkspace(const MoeConfig& c, const DeviceWeights& w, i
   FP4MOE_CUDA_CHECK(cudaMemset(row_weight.get(), 0, row_weight.bytes()));
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any stream uses it
   row_expert = DeviceBuffer(R * sizeof(int), "workspace.row_expert");
+  row_route = DeviceBuffer(R * sizeof(int), "workspace.row_route");
   expert_offset = DeviceBuffer((EL + 1) * sizeof(int), "workspace.expert_offset");
   expert_tile_offset = DeviceBuffer((EL + 1) * sizeof(int), "workspace.expert_tile_offset");
   route_counts = DeviceBuffer(EL * sizeof(int), "workspace.route_counts");
@@ -44,8 +45,8 @@ GenericWorkspace::GenericWorkspace(const MoeConfig& c, const DeviceWeights& w, i
 
 size_t GenericWorkspace::bytes() const {
   size_t s = 0;
-  for (const DeviceBuffer* b : {&route_row, &row_weight, &row_expert, &expert_offset, &expert_tile_offset, &route_counts,
-                                &route_cursor, &tile_expert, &tile_row0, &num_tiles, &a1, &a2, &y})
+  for (const DeviceBuffer* b : {&route_row, &row_weight, &row_expert, &row_route, &expert_offset, &expert_tile_offset,
+                                &route_counts, &route_cursor, &tile_expert, &tile_row0, &num_tiles, &a1, &a2, &y})
     s += b->bytes();
   return s;
 }
@@ -59,7 +60,7 @@ kernels::RoutingParams routing_params(const MoeConfig& c, GenericWorkspace& ws, 
   return {a.ids, a.ids_type == IndexType::kInt64, a.topk_weights, R, c.local_expert_first, EL, tile_m,
           ws.expert_offset.get<int>(), ws.expert_tile_offset.get<int>(), ws.route_row.get<int>(),
           ws.row_weight.get<float>(), ws.row_expert.get<int>(), ws.tile_expert.get<int>(), ws.tile_row0.get<int>(),
-          ws.num_tiles.get<int>()};
+          ws.num_tiles.get<int>(), ws.row_route.get<int>()};
 }
 
 // The one-CTA routing (up to kRouteChunk routes).
@@ -154,8 +155,9 @@ kernels::generic::CombineParams combine_params(const MoeConfig& c, GenericWorksp
   return {ws.y.get<float>(), ws.route_row.get<int>(), c.top_k, c.hidden, a.out, c.output_dtype == OutputDType::kFP32};
 }
 
-void launch_combine(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, bool dependent) {
-  const gk::CombineParams cp = combine_params(c, ws, a);
+void launch_combine(const MoeConfig& c, GenericWorkspace& ws, const RunArgs& a, bool dependent, const float* acc) {
+  gk::CombineParams cp = combine_params(c, ws, a);
+  cp.acc = acc;
   const unsigned cy = static_cast<unsigned>((c.hidden / 4 + gk::kCombineThreads - 1) / gk::kCombineThreads);
   launch_small(gk::combine_kernel, dim3(static_cast<unsigned>(a.tokens), cy), dim3(gk::kCombineThreads), a.stream,
                dependent, cp);

@@ -179,6 +179,7 @@ struct alignas(1024) Smem {
   alignas(128) uint8_t ws[kStages][kRowTiles * kMaxScaleBytes];
   alignas(16) float c[BM * kLdc];     // epilogue staging: [routed row][tile column], alpha·acc + bias
   float rw[BM];                       // FC2: the tile's router weights (router_weight)
+  int tok[BM];                        // FC2's scatter-add (MoeGemmParams::out_acc): each row's token
   std::conditional_t<kF16, NoTables, FragTables> tables;  // E2M1 and scale byte → bf16x2, per lane (bf16 only)
   uint64_t full[kStages];             // producer → consumers: the stage's bytes have landed
   uint64_t empty[kStages];            // consumers → producer: stage read by the tensor cores
@@ -359,22 +360,23 @@ __device__ __forceinline__ void stage_acc(const MoeGemmParams& p, const TileInfo
   }
 }
 // The FC1 or FC2 epilogue of the staged tile ti over `nthreads` threads (this one `tid`): the
-// consumers' (finish_tile) or the helpers' (help). rws: FC2's router weights in shared memory.
-template <bool kFc1, int BM>
+// consumers' (finish_tile) or the helpers' (help). rws, toks: FC2's router weights and (for the
+// scatter-add) tokens in shared memory; kScatter: the instance with the scatter-add's code.
+template <bool kFc1, int BM, bool kScatter = false>
 __device__ __forceinline__ void store_tile(const MoeGemmParams& p, const TileInfo& ti, float* stage, const float* rws,
-                                           int tid, int nthreads) {
+                                           const int* toks, int tid, int nthreads) {
   const int rows = min(BM, ti.valid);
   if constexpr (kFc1) fc1_store_rows<BN, BM <= 32>(p, stage, kLdc, rows, ti.row0, ti.e, ti.y, tid, nthreads);
-  else fc2_store_rows<BN>(p, stage, kLdc, rows, ti.row0, ti.y, tid, nthreads, rws);
+  else fc2_store_rows<BN, kScatter>(p, stage, kLdc, rows, ti.row0, ti.y, tid, nthreads, rws, toks);
 }
 // finish_tile: stage_acc, then the epilogue over both consumers (the kernels without helpers).
-template <bool kFc1, int BM, bool kF16>
+template <bool kFc1, int BM, bool kF16, bool kScatter = false>
 __device__ __forceinline__ void finish_tile(const MoeGemmParams& p, const TileInfo& ti, float alpha,
                                             const float (&acc)[BM / 2], float* stage, int c, int t, int ct,
-                                            const float* rws) {
+                                            const float* rws, const int* toks) {
   stage_acc<kFc1, BM>(p, ti, alpha, acc, stage, c, t);
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
-  store_tile<kFc1, BM>(p, ti, stage, rws, ct, kConsumers * kWarpgroup);
+  store_tile<kFc1, BM, kScatter>(p, ti, stage, rws, toks, ct, kConsumers * kWarpgroup);
   ptx::named_barrier_sync(1, kConsumers * kWarpgroup);  // staging is reused by the next tile
 }
 
@@ -548,6 +550,9 @@ __device__ __forceinline__ void add_partials(const Split& sp, const SplitPlan& p
 // kAllParts): which parts of a stage run — kDequant (the fragments from the stage's codes and
 // scales; without it the raw code words stand in) and kMma (the wgmma group; without it the
 // fragments are folded into one accumulator) — and only with both the epilogue.
+// kScatter: FC2's scatter-add (MoeGemmParams::out_acc) compiled in; only dynamic's non-split FC2
+// kernels have it (with it static's and the split's item loops grew 80 instructions and the split's
+// f16 stage loop 12, session 33), and the host gives out_acc to no other.
 enum : int { kDequant = 1, kMma = 2, kAllParts = 3 };
 // kHelp (dynamic's gemm_kernel at BM >= 64, kHelpOf): the epilogue goes to the helpers (help): the
 // consumers wait until the staging is free (c_empty), stage the tile and its router weights, arrive
@@ -563,7 +568,7 @@ enum : int { kDequant = 1, kMma = 2, kAllParts = 3 };
 // rows per expert (deepseek-v3 T = 2048, qwen3-30b-a3b T = 1024) 128-row tiles multiplied about
 // twice the rows they hold. known: the item's TileInfo, already loaded (consume loads the next
 // item's behind the current one: the width is needed at the first stage's MMAs).
-template <bool kFc1, int BM, bool kF16, int kParts = kAllParts, bool kHelp = false>
+template <bool kFc1, int BM, bool kF16, int kParts = kAllParts, bool kHelp = false, bool kScatter = false>
 __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, int w,
                                              const ptx::Watchdog& wd, uint32_t& it, unsigned* done = nullptr,
                                              int k0 = 0, int k1 = -1, Piece kind = Piece::kWhole,
@@ -606,6 +611,9 @@ __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF
   constexpr bool kNarrow = kHelp && kNarrowOf<BM>;
   const int quarters = kNarrow ? min(4, (ti.valid + BM / 4 - 1) / (BM / 4)) : 4;
   const float rw = kFc1 || ct >= BM ? 0.0f : router_weight(p, ti, ct);
+  // The scatter-add's token of row ct, loaded beside the router weight (the epilogue's loop then
+  // reads shared memory only); rows past the tile's valid ones are never stored.
+  const int tok = kScatter && p.out_acc && ct < ti.valid ? p.row_route[ti.row0 + ct] / p.top_k : 0;
   // FC2's alpha here, with the router weight (FC1's in the epilogue: its consumers have no load at the
   // tile's start to share the wait for the tile's expert with); 3.6 % of FC2's stall samples were on
   // it in the epilogue (NOTES session 23).
@@ -712,12 +720,15 @@ __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF
     const int u = (w - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x);  // this CTA's item count
     ptx::mbar_wait(&sm.c_empty, (u & 1) ^ 1, wd, kWaitStagingFree, u);
     if (!kFc1 && ct < BM) sm.rw[ct] = rw;
+    if (kScatter && ct < BM) sm.tok[ct] = tok;
     stage_acc<kFc1, BM>(p, ti, kFc1 ? expert_alpha<kF16>(p, ti.e) : alpha, acc, sm.c, c, t);
     ptx::mbar_arrive(&sm.c_full);  // release: the helpers' wait sees the staging
     return;
   }
   if (!kFc1 && ct < BM) sm.rw[ct] = rw;  // read after finish_tile's first barrier
-  finish_tile<kFc1, BM, kF16>(p, ti, kFc1 ? expert_alpha<kF16>(p, ti.e) : alpha, acc, sm.c, c, t, ct, sm.rw);
+  if (kScatter && ct < BM) sm.tok[ct] = tok;
+  finish_tile<kFc1, BM, kF16, kScatter>(p, ti, kFc1 ? expert_alpha<kF16>(p, ti.e) : alpha, acc, sm.c, c, t, ct,
+                                        sm.rw, sm.tok);
   if (done) {
     ptx::fence_proxy_async_global();
     ptx::named_barrier_sync(1, kConsumers * kWarpgroup);
@@ -731,19 +742,21 @@ __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF
 template <bool kFc1, int BM, bool kF16, bool kSplit = false, bool kHelp = false>
 __device__ __forceinline__ void consume(const MoeGemmParams& p, Smem<BM, kF16>& sm, int n_tiles, const Split& split,
                                         int whole, const ptx::Watchdog& wd, uint32_t& it) {
+  // The scatter-add's code only where the host can ask for it (launch_dynamic_gemm_bm).
+  constexpr bool kScatter = !kFc1 && !kSplit;
   if constexpr (kHelp && kNarrowOf<BM>) {
     static_assert(!kSplit, "the helpers' kernels run whole items");
     const int grid = static_cast<int>(gridDim.x);
     TileInfo ti = static_cast<int>(blockIdx.x) < whole ? tile_info<BM>(p, blockIdx.x, n_tiles) : TileInfo{};
     for (int w = blockIdx.x; w < whole; w += grid) {
       const TileInfo next = w + grid < whole ? tile_info<BM>(p, w + grid, n_tiles) : ti;
-      consume_item<kFc1, BM, kF16, kAllParts, true>(p, sm, n_tiles, w, wd, it, nullptr, 0, -1, Piece::kWhole, nullptr,
-                                                    nullptr, &ti);
+      consume_item<kFc1, BM, kF16, kAllParts, true, kScatter>(p, sm, n_tiles, w, wd, it, nullptr, 0, -1, Piece::kWhole,
+                                                              nullptr, nullptr, &ti);
       ti = next;
     }
   } else {
     for (int w = blockIdx.x; w < whole; w += gridDim.x)
-      consume_item<kFc1, BM, kF16, kAllParts, kHelp>(p, sm, n_tiles, w, wd, it);
+      consume_item<kFc1, BM, kF16, kAllParts, kHelp, kScatter>(p, sm, n_tiles, w, wd, it);
   }
   if constexpr (kSplit) {
     const SplitPlan pl = gemm_split_plan(p, n_tiles, split);
@@ -762,7 +775,7 @@ __device__ __forceinline__ void help(const MoeGemmParams& p, Smem<BM, kF16>& sm,
   for (int w = blockIdx.x; w < whole; w += gridDim.x, ++u) {
     const TileInfo ti = tile_info<BM>(p, w, n_tiles);
     ptx::mbar_wait(&sm.c_full, u & 1, wd, kWaitStaged, u);
-    store_tile<kFc1, BM>(p, ti, sm.c, sm.rw, h, kHelpers);
+    store_tile<kFc1, BM, !kFc1>(p, ti, sm.c, sm.rw, sm.tok, h, kHelpers);
     ptx::mbar_arrive(&sm.c_empty);  // release: this thread's reads of the staging come before
   }
 }

@@ -13,6 +13,7 @@
 #include <numeric>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "cpu/expect_error.h"
 #include "fp4moe/fp4moe.h"
@@ -499,9 +500,46 @@ TEST(GpuDynamic, DeterministicInAGraphAndPickedByAutoAboveDirectMicro) {
   const bool sm90 = device_is_sm90();
   for (int64_t T : {1, 2, 32, 64}) EXPECT_EQ(autor.plan(T), sm90 ? Backend::kDynamic : Backend::kDirectMicro) << T;
   for (int64_t T : {65, 4096, 16384}) EXPECT_EQ(autor.plan(T), sm90 ? Backend::kDynamic : Backend::kGeneric) << T;
-  MoeRunner r(c, w, {.max_tokens = 500, .backend = Backend::kDynamic});
+  MoeRunner r(c, w, {.max_tokens = 500, .backend = Backend::kDynamic, .deterministic = true});
   EXPECT_EQ(r.plan(500), Backend::kDynamic);
   expect_graph_replays_deterministic(p, r, 5);
+}
+
+// Without RunnerOptions::deterministic, dynamic's register path sums the top-k in FC2's epilogue by
+// fp32 reductions from 4096 routes on (launch_dynamic.cu kScatterMinRoutes): into the fp32 output
+// itself, or into Y's buffer that the combine launch rounds into a bf16 output. Both outputs, both
+// weight formats, biases, a gated and the clamped activation, against the reference; the same calls
+// with deterministic replay bit for bit in a graph; a call below the line after one above it (the
+// combine again) and a call above it after that (zeroed sums again).
+TEST(GpuDynamic, ScatterAddTopKSumMatchesReference) {
+  REQUIRE_SM90();
+  for (const auto& [f, m, a] : {std::tuple{WeightFormat::kNVFP4, ActMode::kA4, Activation::kSilu},
+                                std::tuple{WeightFormat::kMXFP4, ActMode::kA16, Activation::kSwigluOai}})
+    for (const OutputDType out : {OutputDType::kBF16, OutputDType::kFP32}) {
+      MoeConfig c = make_config(32, 512, 256, 8, f, m, a, true);
+      c.output_dtype = out;
+      const Problem big = testkit::make_problem({c, 600, 91});  // 4800 routes: the scatter-add
+      Problem small = testkit::make_problem({c, 40, 92});      // 320: Y and the combine
+      small.checkpoint = big.checkpoint;
+      PreparedWeights w = prepare_weights(c, big.checkpoint.view(), {.device = 0});
+      const size_t esz = out == OutputDType::kBF16 ? 2 : 4;
+      for (const bool det : {false, true}) {
+        MoeRunner r(c, w, {.max_tokens = 600, .backend = Backend::kDynamic, .deterministic = det});
+        for (const Problem* q : {&big, static_cast<const Problem*>(&small), &big}) {
+          DeviceInputs in(*q);
+          DeviceArray<unsigned char> o(q->tokens * c.hidden * esz);
+          if (esz == 2) o.fill_bytes(&testkit::kPoisonBF16, 2);
+          else o.fill_bytes(&testkit::kPoisonF32, 4);
+          r.run(in.x.get(), in.ids.get(), IndexType::kInt32, in.w.get(), o.get(), q->tokens);
+          GPU_CHECK(cudaDeviceSynchronize());
+          const auto got = o.download();
+          const auto acc = check_against_reference(*q, got.data(), testkit::default_tolerance(c));
+          EXPECT_TRUE(acc.pass) << c.to_string() << " T=" << q->tokens << (det ? " deterministic" : "") << ": "
+                                << acc.summary();
+        }
+        if (det && out == OutputDType::kBF16) expect_graph_replays_deterministic(big, r, 3);
+      }
+    }
 }
 
 // Calls queued back to back on one stream with no sync between them. dynamic's kernels after the

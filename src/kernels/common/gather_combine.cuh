@@ -104,13 +104,16 @@ __device__ __forceinline__ void gather_unit(const GatherParams& p, int64_t warp,
   else gather_block<32>(p, t, b, b < p.h_pad / 32, lane);
 }
 
-// out[t, c..c+3] = Σ_j Y[route_row[t·K + j], c..c+3] in slot order; unrouted slots add nothing.
+// out[t, c..c+3] = Σ_j Y[route_row[t·K + j], c..c+3] in slot order; unrouted slots add nothing. With
+// acc (the dynamic backend's scatter-add, MoeGemmParams::out_acc, for a bf16 output) the sums are
+// already there: out[t, c..c+3] = acc[t, c..c+3], rounded.
 struct CombineParams {
   const float* y;
   const int* route_row;
   int top_k, hidden;
   void* out;
   bool out_fp32;
+  const float* acc = nullptr;
 };
 
 inline constexpr int kCombineThreads = 128;
@@ -121,6 +124,11 @@ inline constexpr int kCombineThreads = 128;
 // 2K round trips in series (16 at K = 8) for a decode call whose combine is all latency.
 inline constexpr int kCombineGroup = 8;
 __device__ __forceinline__ void combine4(const CombineParams& p, int t, int c) {
+  if (p.acc) {
+    store_out4(p.out, p.out_fp32, static_cast<int64_t>(t) * p.hidden + c,
+               *reinterpret_cast<const float4*>(p.acc + static_cast<int64_t>(t) * p.hidden + c));
+    return;
+  }
   float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
   const int* slots = p.route_row + static_cast<int64_t>(t) * p.top_k;
   for (int j0 = 0; j0 < p.top_k; j0 += kCombineGroup) {

@@ -55,6 +55,11 @@ struct MoeGemmParams {
   int top_k;
   const float* row_weight;      // [rows + kRowWeightPad] router weight of each routed row (routing.cuh)
   float* y;                     // [rows][hidden]
+  // The scatter-add instead of Y (dynamic's register path, RunnerOptions::deterministic false): each
+  // routed row's weighted values are added to out_acc[token][·] (fp32, zeroed before the call) by
+  // vector reductions, token = row_route[row] / top_k; the top-k sum then needs no Y and no combine.
+  float* out_acc;               // [tokens][hidden] or null (Y)
+  const int* row_route;         // [rows] the route of each routed row (routing.cuh)
 };
 
 // Weight row (within the expert) feeding virtual column v of n-tile y, for a tile of BN columns. For
@@ -214,9 +219,10 @@ __device__ __forceinline__ void fc1_store_rows(const MoeGemmParams& p, float* c,
 // load them before the tile's main loop, so the loads hide behind the MMAs: when they were two
 // dependent loads a row, through the row's route, loading them here took over half of qwen3-30b-a3b's
 // FC2 at T = 16384, whose k loop is 12 steps, NOTES session 8), or null to load them here.
-template <int BN>
+template <int BN, bool kScatter = false>
 __device__ __forceinline__ void fc2_store_rows(const MoeGemmParams& p, const float* c, int ldc, int rows, int grow0,
-                                               int y, int tid, int nthreads, const float* rws = nullptr) {
+                                               int y, int tid, int nthreads, const float* rws = nullptr,
+                                               const int* toks = nullptr) {
   for (int task = tid; task < rows * (BN / 4); task += nthreads) {
     const int r = task / (BN / 4), c4 = (task % (BN / 4)) * 4;
     const int col = y * BN + c4;
@@ -224,7 +230,15 @@ __device__ __forceinline__ void fc2_store_rows(const MoeGemmParams& p, const flo
     const float rw = rws ? rws[r] : p.row_weight[grow0 + r];
     const float* cr = c + r * ldc + c4;
     const float4 v = make_float4(rw * cr[0], rw * cr[1], rw * cr[2], rw * cr[3]);
-    *reinterpret_cast<float4*>(p.y + static_cast<int64_t>(grow0 + r) * p.hidden + col) = v;
+    if (kScatter && p.out_acc) {
+      const int t = toks ? toks[r] : p.row_route[grow0 + r] / p.top_k;
+      float* dst = p.out_acc + static_cast<int64_t>(t) * p.hidden + col;
+      // No "memory" clobber: nothing in the kernel reads out_acc, and a clobber would order each
+      // task's loads behind the previous task's reduction.
+      asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w));
+    } else {
+      *reinterpret_cast<float4*>(p.y + static_cast<int64_t>(grow0 + r) * p.hidden + col) = v;
+    }
   }
 }
 

@@ -47,6 +47,9 @@ struct RoutingParams {
   int* tile_expert;     // [max_tiles]
   int* tile_row0;       // [max_tiles]
   int* num_tiles;       // [1]
+  // [routes] the route (t·K + j) of each row, or null: the dynamic backend's FC2 scatter-add reads
+  // the row's token from it (moe_gemm.cuh fc2_store_rows, MoeGemmParams::out_acc).
+  int* row_route = nullptr;
 };
 
 __device__ __forceinline__ int local_expert(const RoutingParams& p, int64_t r) {
@@ -61,6 +64,7 @@ __device__ __forceinline__ void record_route(const RoutingParams& p, int64_t r, 
   if (row >= 0) {
     p.row_weight[row] = w;
     p.row_expert[row] = e;
+    if (p.row_route) p.row_route[row] = static_cast<int>(r);
   }
   p.route_row[r] = row;
 }
