@@ -117,51 +117,40 @@ __device__ __forceinline__ void mma_m64n256k16_bf16(float (&d)[128], uint64_t de
 #define FP4MOE_WGMMA_D16(i) FP4MOE_WGMMA_D8(i), FP4MOE_WGMMA_D8((i) + 8)
 #define FP4MOE_WGMMA_D32(i) FP4MOE_WGMMA_D16(i), FP4MOE_WGMMA_D16((i) + 16)
 #define FP4MOE_WGMMA_D48(i) FP4MOE_WGMMA_D32(i), FP4MOE_WGMMA_D16((i) + 32)
-// SHAPE: the instruction's; TYPES: its D.A.B types; DREGS / DOPS: its accumulator registers and
-// operands; A, DESC, ACC: the operand numbers that follow them.
-#define FP4MOE_WGMMA_RS(SHAPE, TYPES, DREGS, DOPS, A, DESC, ACC)                                      \
+// SHAPE: the instruction's; TYPES: its D.A.B types; DREGS: its accumulator registers; A, DESC, ACC:
+// the operand numbers that follow them; the variadic rest: the accumulator operands (a list of
+// commas, so it goes last, where a second macro can pass it on as __VA_ARGS__).
+#define FP4MOE_WGMMA_RS(SHAPE, TYPES, DREGS, A, DESC, ACC, ...)                                           \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n"                                              \
                "wgmma.mma_async.sync.aligned." SHAPE TYPES " {" DREGS "}, {" A "}, " DESC                      \
                ", p, 1, 1, 0;\n}\n"                                                                            \
-               : DOPS                                                                                       \
+               : __VA_ARGS__                                                                                \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
-// kF16 picks the operand types: ".f32.f16.f16" or ".f32.bf16.bf16" (a literal in each branch: the
-// accumulator operand lists are macros of commas, so they cannot pass through a second macro).
+// The same instruction with kF16's operand types: ".f32.f16.f16" or ".f32.bf16.bf16".
+#define FP4MOE_WGMMA_RS_TYPED(SHAPE, DREGS, A, DESC, ACC, ...)                   \
+  if constexpr (kF16) FP4MOE_WGMMA_RS(SHAPE, ".f32.f16.f16", DREGS, A, DESC, ACC, __VA_ARGS__); \
+  else FP4MOE_WGMMA_RS(SHAPE, ".f32.bf16.bf16", DREGS, A, DESC, ACC, __VA_ARGS__)
 template <int N, bool kF16 = false>
 __device__ __forceinline__ void mma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                                 int accumulate) {
   static_assert(N == 16 || N == 32 || N == 64 || N == 96 || N == 128, "the register path's tile widths");
-  if constexpr (N == 128 && kF16)
-    FP4MOE_WGMMA_RS("m64n128k16", ".f32.f16.f16", FP4MOE_WGMMA_D_REGS_0_63, FP4MOE_WGMMA_D64(0), "%64, %65, %66, %67",
-                    "%68", "%69");
-  else if constexpr (N == 128)
-    FP4MOE_WGMMA_RS("m64n128k16", ".f32.bf16.bf16", FP4MOE_WGMMA_D_REGS_0_63, FP4MOE_WGMMA_D64(0),
-                    "%64, %65, %66, %67", "%68", "%69");
-  else if constexpr (N == 96 && kF16)
-    FP4MOE_WGMMA_RS("m64n96k16", ".f32.f16.f16", FP4MOE_WGMMA_D_REGS_0_47, FP4MOE_WGMMA_D48(0), "%48, %49, %50, %51",
-                    "%52", "%53");
-  else if constexpr (N == 96)
-    FP4MOE_WGMMA_RS("m64n96k16", ".f32.bf16.bf16", FP4MOE_WGMMA_D_REGS_0_47, FP4MOE_WGMMA_D48(0), "%48, %49, %50, %51",
-                    "%52", "%53");
-  else if constexpr (N == 64 && kF16)
-    FP4MOE_WGMMA_RS("m64n64k16", ".f32.f16.f16", FP4MOE_WGMMA_D_REGS_0_31, FP4MOE_WGMMA_D32(0), "%32, %33, %34, %35",
-                    "%36", "%37");
-  else if constexpr (N == 64)
-    FP4MOE_WGMMA_RS("m64n64k16", ".f32.bf16.bf16", FP4MOE_WGMMA_D_REGS_0_31, FP4MOE_WGMMA_D32(0), "%32, %33, %34, %35",
-                    "%36", "%37");
-  else if constexpr (N == 16 && kF16)
-    FP4MOE_WGMMA_RS("m64n16k16", ".f32.f16.f16", FP4MOE_WGMMA_D_REGS_0_7, FP4MOE_WGMMA_D8(0), "%8, %9, %10, %11", "%12",
-                    "%13");
-  else if constexpr (N == 16)
-    FP4MOE_WGMMA_RS("m64n16k16", ".f32.bf16.bf16", FP4MOE_WGMMA_D_REGS_0_7, FP4MOE_WGMMA_D8(0), "%8, %9, %10, %11",
-                    "%12", "%13");
-  else if constexpr (kF16)
-    FP4MOE_WGMMA_RS("m64n32k16", ".f32.f16.f16", FP4MOE_WGMMA_D_REGS_0_15, FP4MOE_WGMMA_D16(0), "%16, %17, %18, %19",
-                    "%20", "%21");
-  else
-    FP4MOE_WGMMA_RS("m64n32k16", ".f32.bf16.bf16", FP4MOE_WGMMA_D_REGS_0_15, FP4MOE_WGMMA_D16(0), "%16, %17, %18, %19",
-                    "%20", "%21");
+  if constexpr (N == 128) {
+    FP4MOE_WGMMA_RS_TYPED("m64n128k16", FP4MOE_WGMMA_D_REGS_0_63, "%64, %65, %66, %67", "%68", "%69",
+                          FP4MOE_WGMMA_D64(0));
+  } else if constexpr (N == 96) {
+    FP4MOE_WGMMA_RS_TYPED("m64n96k16", FP4MOE_WGMMA_D_REGS_0_47, "%48, %49, %50, %51", "%52", "%53",
+                          FP4MOE_WGMMA_D48(0));
+  } else if constexpr (N == 64) {
+    FP4MOE_WGMMA_RS_TYPED("m64n64k16", FP4MOE_WGMMA_D_REGS_0_31, "%32, %33, %34, %35", "%36", "%37",
+                          FP4MOE_WGMMA_D32(0));
+  } else if constexpr (N == 32) {
+    FP4MOE_WGMMA_RS_TYPED("m64n32k16", FP4MOE_WGMMA_D_REGS_0_15, "%16, %17, %18, %19", "%20", "%21",
+                          FP4MOE_WGMMA_D16(0));
+  } else {
+    FP4MOE_WGMMA_RS_TYPED("m64n16k16", FP4MOE_WGMMA_D_REGS_0_7, "%8, %9, %10, %11", "%12", "%13", FP4MOE_WGMMA_D8(0));
+  }
 }
+#undef FP4MOE_WGMMA_RS_TYPED
 #undef FP4MOE_WGMMA_RS
 #undef FP4MOE_WGMMA_D48
 #undef FP4MOE_WGMMA_D32
