@@ -20,8 +20,11 @@ namespace dk = kernels::dynamic;
 // combine launch), zeroed before the routing, instead of storing Y for the combine to sum in slot
 // order. Why: at qwen3-30b-a3b a4 T = 16384 (H100, session 32's ncu-times,
 // bench/results/h100-ncu-times-20261207-s32-dynamic-qwen3-a4-4096-16384.txt) the combine took ~390
-// of ~3520 µs reading Y's 1.07 GB (T·K rows × H fp32), and FC2 wrote the same bytes; the reductions
-// go to L2 and the sums (T × H fp32, 134 MB there) are all that reaches DRAM. The sums are the same
+// of ~3520 µs reading Y's 1.07 GB (T·K rows × H fp32), and FC2 wrote the same bytes. Measured in
+// session 36 (H100, bench/results/h100-ncu-times-20261207-s36-sc.txt): where the sums (T × H fp32)
+// fit L2 the reductions cost FC2 nothing (qwen3-30b-a3b a4 T = 2048: FC2 144 → 140 µs, combine
+// 50 → 10, the call −8 to −9 %); at T = 16384 (134 MB of sums) they miss L2 and FC2 grows by 204 µs
+// against the combine's 305 saved (−2 %, inside the run-to-run spread). The sums are the same
 // up to fp32 summation order (each route's value is); the order varies from run to run, and the
 // reductions (REDG.ADD.F32x4.FTZ) flush fp32 subnormals, below bf16's smallest normal too. Below the
 // line the deterministic chain stays: at decode the combine is a few µs and a memset node would

@@ -219,6 +219,8 @@ __device__ __forceinline__ void fc1_store_rows(const MoeGemmParams& p, float* c,
 // load them before the tile's main loop, so the loads hide behind the MMAs: when they were two
 // dependent loads a row, through the row's route, loading them here took over half of qwen3-30b-a3b's
 // FC2 at T = 16384, whose k loop is 12 steps, NOTES session 8), or null to load them here.
+// kScatter (dynamic's FC2 kernels): with p.out_acc set, each row is added into its token's sum
+// instead; toks: the rows' tokens, staged in shared memory by the consumers (required then).
 template <int BN, bool kScatter = false>
 __device__ __forceinline__ void fc2_store_rows(const MoeGemmParams& p, const float* c, int ldc, int rows, int grow0,
                                                int y, int tid, int nthreads, const float* rws = nullptr,
@@ -231,8 +233,7 @@ __device__ __forceinline__ void fc2_store_rows(const MoeGemmParams& p, const flo
     const float* cr = c + r * ldc + c4;
     const float4 v = make_float4(rw * cr[0], rw * cr[1], rw * cr[2], rw * cr[3]);
     if (kScatter && p.out_acc) {
-      const int t = toks ? toks[r] : p.row_route[grow0 + r] / p.top_k;
-      float* dst = p.out_acc + static_cast<int64_t>(t) * p.hidden + col;
+      float* dst = p.out_acc + static_cast<int64_t>(toks[r]) * p.hidden + col;
       // No "memory" clobber: nothing in the kernel reads out_acc, and a clobber would order each
       // task's loads behind the previous task's reduction.
       asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w));
