@@ -291,6 +291,20 @@ FP4MOE_HD float block_amax(const float* v, int n, bool* has_nan) {
   return amax;
 }
 
+// block_amax from the bit patterns, for the kernels: |v|'s bits order as |v| does and NaNs are the
+// only ones above +Inf's, so one integer max gives both (an LOP3 and a VIMNMX an element, where the
+// float compares and NaN tests took ~4). amax equals block_amax's where no v is NaN; where one is, it
+// is unspecified (nvfp4_block and mx_block return before reading it). tests/cpu/test_formats.cpp.
+FP4MOE_HD float block_amax_bits(const float* v, int n, bool* has_nan) {
+  uint32_t m = 0;
+  for (int i = 0; i < n; ++i) {
+    const uint32_t a = f32_bits(v[i]) & 0x7FFFFFFFu;
+    m = a > m ? a : m;
+  }
+  *has_nan = m > 0x7F800000u;
+  return bits_f32(m);
+}
+
 // Each quantiser is a per-block step (the scale byte, and the multiplier its elements are encoded
 // with) and a per-element step, so a block spread over threads (one element each, amax and NaN
 // reduced across them) encodes exactly like the sequential loop.

@@ -525,6 +525,36 @@ std::vector<uint8_t> pack(const uint8_t* codes, int n) {
 }
 }  // namespace
 
+// The kernels' amax (block_amax_bits) against block_amax on blocks of random bit patterns (every
+// class: NaNs of both signs, infinities, zeros, subnormals, normals) and of random finite values:
+// the NaN flag always agrees, and amax wherever no element is NaN.
+TEST(BlockAmax, BitsFormMatchesFloatForm) {
+  std::mt19937_64 rng(34);
+  const uint32_t specials[] = {0x7FC00000u, 0xFFC00001u, 0x7F800001u, 0x7F800000u, 0xFF800000u, 0x00000000u,
+                               0x80000000u, 0x00000001u, 0x807FFFFFu, 0x3F800000u, 0xC0C00000u};
+  int nan_blocks = 0, clean_blocks = 0;
+  for (int trial = 0; trial < 200000; ++trial) {
+    float v[32];
+    const int n = trial % 2 ? 32 : 16;
+    for (int i = 0; i < n; ++i) {
+      const uint64_t r = rng();
+      if (trial % 3 == 0) v[i] = static_cast<float>(static_cast<int64_t>(r % 2000001) - 1000000) * 1e-3f;
+      else if (r % 8 == 0) v[i] = bits_f32(specials[(r >> 8) % (sizeof(specials) / sizeof(specials[0]))]);
+      else v[i] = bits_f32(static_cast<uint32_t>(r >> 32));
+    }
+    bool nan_f, nan_b;
+    const float a_f = block_amax(v, n, &nan_f);
+    const float a_b = block_amax_bits(v, n, &nan_b);
+    ASSERT_EQ(nan_f, nan_b) << "trial " << trial;
+    if (!nan_f) {
+      ASSERT_EQ(f32_bits(a_f), f32_bits(a_b)) << "trial " << trial;
+    }
+    (nan_f ? nan_blocks : clean_blocks)++;
+  }
+  EXPECT_GT(nan_blocks, 1000);  // both cases were exercised
+  EXPECT_GT(clean_blocks, 1000);
+}
+
 TEST(Nvfp4Block, HandVectorUnitScale) {
   // amax 6, g = 1: sf = 6/(6·1) = 1 → E4M3 0x38 (exponent 7, mantissa 0); codes are the values.
   const float v[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.5f, -1, -1.5f, -2, -3, -4, -6, 0.25f};
