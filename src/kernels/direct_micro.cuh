@@ -217,12 +217,32 @@ __device__ void build_routing(const Params& p, SmemT<kR>& sm) {
   constexpr int kPer = kMaxExperts / kThreads;
   __shared__ typename Scan::TempStorage scan;
   const int tid = threadIdx.x;
+  // The per-expert scales of the experts this thread owns in the blocked arrangement below, loaded
+  // now, beside the ids: they do not depend on the routing, and loaded after it (per touched
+  // expert) they were a second dependent round before phase 0 could use g1.
+  float a1[kPer], a2[kPer], s1[kPer], s2[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = tid * kPer + i;
+    const bool in = e < p.experts;
+    a1[i] = in ? p.alpha1[e] : 0.f, a2[i] = in ? p.alpha2[e] : 0.f;
+    s1[i] = in ? p.g1[e] : 0.f, s2[i] = in ? p.g2[e] : 0.f;
+  }
+  // This thread's routes r = tid + kThreads·i: their experts and router weights, one round of loads.
+  constexpr int kRPer = (kR + kThreads - 1) / kThreads;
+  int re[kRPer];
+  float rw[kRPer];
+#pragma unroll
+  for (int i = 0; i < kRPer; ++i) {
+    const int r = tid + kThreads * i;
+    re[i] = r < p.routes ? local_expert(p, r) : -1;
+    rw[i] = r < p.routes ? p.topk_weights[r] : 0.f;
+  }
   for (int e = tid; e < kMaxExperts; e += kThreads) sm.count[e] = 0;
   __syncthreads();
-  for (int r = tid; r < p.routes; r += kThreads) {
-    const int e = local_expert(p, r);
-    if (e >= 0) atomicAdd(&sm.count[e], 1);
-  }
+#pragma unroll
+  for (int i = 0; i < kRPer; ++i)
+    if (re[i] >= 0) atomicAdd(&sm.count[re[i]], 1);
   __syncthreads();
   // Blocked arrangement: thread tid owns experts [tid·kPer, tid·kPer + kPer).
   int cnt[kPer], flag[kPer], off[kPer], slot[kPer];
@@ -243,21 +263,20 @@ __device__ void build_routing(const Params& p, SmemT<kR>& sm) {
       sm.start[slot[i]] = off[i];
       sm.cursor[slot[i]] = off[i];
       sm.count[tid * kPer + i] = slot[i];
+      sm.alpha1[slot[i]] = a1[i], sm.alpha2[slot[i]] = a2[i], sm.g1[slot[i]] = s1[i], sm.g2[slot[i]] = s2[i];
     }
   if (tid == 0) {
     sm.num_touched = total_touched;
     sm.start[total_touched] = total_routes;
   }
   __syncthreads();
-  for (int r = tid; r < p.routes; r += kThreads) {
-    const int e = local_expert(p, r);
+#pragma unroll
+  for (int i = 0; i < kRPer; ++i) {
+    const int r = tid + kThreads * i, e = re[i];
+    if (r >= p.routes) break;
     if (e >= 0) sm.list[atomicAdd(&sm.cursor[sm.count[e]], 1)] = r;
     sm.route_slot[r] = e >= 0 ? sm.count[e] : -1;
-    sm.route_w[r] = p.topk_weights[r];
-  }
-  for (int u = tid; u < total_touched; u += kThreads) {
-    const int e = sm.touched[u];
-    sm.alpha1[u] = p.alpha1[e], sm.alpha2[u] = p.alpha2[e], sm.g1[u] = p.g1[e], sm.g2[u] = p.g2[e];
+    sm.route_w[r] = rw[i];
   }
   __syncthreads();
 }
@@ -275,13 +294,31 @@ __device__ __forceinline__ void store_act(__nv_bfloat16* dst, long long i, __nv_
 // Phase 0 item, one warp: columns [32·cb, 32·cb + 32) of routed row r, a lane per column:
 // A1[r] = Q1(x[t]) (blocks of 16 or 32 lanes, amax by shuffles; columns past H are zeros). The warp's
 // stores fill half of one permuted 64-column chunk. Short chains: for calls of one item per warp.
-template <bool kF16>
-__device__ __forceinline__ void quantize_cols(const Params& p, int r, int cb, float g) {
+// x_col: this lane's x value of item (r, cb); quantize_cols: the item from it.
+__device__ __forceinline__ float x_col(const Params& p, int r, int cb) {
   const int col = 32 * cb + (threadIdx.x & 31);
-  const __nv_bfloat16* xr = p.x + static_cast<int64_t>(r / p.top_k) * p.hidden;
-  const float v = col < p.hidden ? __bfloat162float(xr[col]) : 0.f;
+  return col < p.hidden ? __bfloat162float(p.x[static_cast<int64_t>(r / p.top_k) * p.hidden + col]) : 0.f;
+}
+template <bool kF16>
+__device__ __forceinline__ void quantize_cols(const Params& p, int r, int cb, float v, float g) {
+  const int col = 32 * cb + (threadIdx.x & 31);
   const __nv_bfloat16 q = quant_dequant_lanes(p.q, v, g);
   store_act<kF16>(p.a1 + static_cast<int64_t>(r) * p.h_pad, permuted_col(col), q);
+}
+
+// Phase 0's item assignment: warp gw of nw (CTA-interleaved, so small calls spread over the SMs),
+// and whether the call takes the f16 variant's lane-per-block items.
+__device__ __forceinline__ int phase0_warp() { return (threadIdx.x >> 5) * gridDim.x + blockIdx.x; }
+template <bool kF16>
+__device__ __forceinline__ bool phase0_lanes(const Params& p) {
+  return kF16 && p.routes * (p.h_pad / 32) > static_cast<int>(gridDim.x) * kWarps;
+}
+// This lane's x value of the warp's first warp item (0 if it has none, or on the lane path): x is the
+// call's input, so the kernel loads it before the routing and phase 0 does not wait a round for it.
+template <bool kF16>
+__device__ __forceinline__ float phase0_first_x(const Params& p) {
+  const int gw = phase0_warp(), nc = p.h_pad / 32;
+  return !phase0_lanes<kF16>(p) && gw < p.routes * nc ? x_col(p, gw / nc, gw % nc) : 0.f;
 }
 
 // Phase 0 item of the f16 variant (NVFP4 a4), one lane: NVFP4 block b (columns 16·b … 16·b + 15) of
@@ -325,12 +362,13 @@ __device__ __forceinline__ void quantize_block_f16(const Params& p, int r, int b
 // (issue-bound), a lane per block 2.7 µs (bench 208.8 → 196 µs); at T = 1 lanes took 1.66 µs against
 // ~1.0-1.3. The bf16 variant keeps the warp items: with lanes per block, ptxas spilled 4-16 bytes in
 // its kG = 1 kernel and a16 T = 1 rows ran 2-5 µs slower (a16's phase 0 is a copy: little to win).
+// x0: phase0_first_x, loaded before the routing.
 template <bool kF16>
-__device__ __forceinline__ void quantize_routes(const Params& p, const Smem<kF16>& sm) {
-  const int gw = (threadIdx.x >> 5) * gridDim.x + blockIdx.x, nw = gridDim.x * kWarps;  // CTA-interleaved
+__device__ __forceinline__ void quantize_routes(const Params& p, const Smem<kF16>& sm, float x0) {
+  const int gw = phase0_warp(), nw = gridDim.x * kWarps;
   const int nc = p.h_pad / 32;
   if constexpr (kF16) {
-    if (p.routes * nc > nw) {
+    if (phase0_lanes<kF16>(p)) {
       const int nb = p.h_pad / 16, items = p.routes * nb;
       for (int i = 32 * gw + (threadIdx.x & 31); i < items; i += 32 * nw) {
         const int r = i / nb, slot = sm.route_slot[r];
@@ -341,7 +379,7 @@ __device__ __forceinline__ void quantize_routes(const Params& p, const Smem<kF16
   }
   for (int i = gw; i < p.routes * nc; i += nw) {  // warp-uniform
     const int r = i / nc, slot = sm.route_slot[r];
-    if (slot >= 0) quantize_cols<kF16>(p, r, i % nc, sm.g1[slot]);
+    if (slot >= 0) quantize_cols<kF16>(p, r, i % nc, i == gw ? x0 : x_col(p, r, i % nc), sm.g1[slot]);
   }
 }
 
@@ -558,6 +596,9 @@ __device__ __forceinline__ float route_sum(const SmemT<kR>& sm, int routes, int 
   return d;
 }
 
+// Slots a token's top-k sum loads at once (fc2_item).
+inline constexpr int kSumGroup = 8;
+
 // Phase 2 item: output columns [kCols·rc, kCols·rc + kCols) of the touched experts in slots [u0, u1)
 // (part `part` of p.fc2_parts), kCols = 16·kW: kW W2 row tiles per unit, streamed against the same B
 // fragments. Unit (expert slot u, k-chunk kc) → warp unit % kWarps; sums per (kc, route) in shared
@@ -633,17 +674,34 @@ __device__ void fc2_item(const Params& p, Smem<kF16>& sm, int rc, int part, int 
     const int t = i / kCols, ci = i % kCols, col = kCols * rc + ci;
     if (col >= p.hidden) continue;
     float s = 0.f;
-    for (int j = 0; j < p.top_k; ++j) {
-      const int r = t * p.top_k + j, slot = sm.route_slot[r];
-      if (slot < 0) continue;
-      // Another part's sums were written by another CTA in this launch: read through L2, not L1.
-      const float d = slot < u1 ? route_sum<kCols>(sm, p.routes, KC, r, ci) : __ldcg(scratch + r * kCols + ci);
-      const float b = p.b2 ? p.b2[static_cast<int64_t>(sm.touched[slot]) * p.h_pad + col] : 0.f;
-      // Weighted term rounded on its own, then added (no FMA contraction): the same arithmetic as a
-      // K = 1 call per route followed by a slot-order sum, which the expert-parallel all-to-all path
-      // runs, so both give the same bits.
-      const float term = __fmul_rn(sm.route_w[r], fmaf(sm.alpha2[slot] * (kF16 ? 64.f : 1.f), d, b));
-      s = __fadd_rn(s, term);
+    // The slots in groups of kSumGroup: the group's global loads (other parts' sums, biases) are all
+    // issued before its terms are added in slot order — the same sum, bit for bit, as one slot at a
+    // time, with one round of L2 loads a group instead of one a slot. At T = 1 one warp sums the
+    // whole item and the part-0 CTA's sum sits on FC2's critical path (session 38's trace,
+    // qwen3-30b-a3b a4 T = 1: hand-over and top-k sum up to 5.6 µs), as the combine's did (combine4).
+    for (int j0 = 0; j0 < p.top_k; j0 += kSumGroup) {
+      int slot[kSumGroup];
+      float d[kSumGroup], b[kSumGroup];
+#pragma unroll
+      for (int jj = 0; jj < kSumGroup; ++jj) slot[jj] = j0 + jj < p.top_k ? sm.route_slot[t * p.top_k + j0 + jj] : -1;
+#pragma unroll
+      for (int jj = 0; jj < kSumGroup; ++jj) {
+        const int r = t * p.top_k + j0 + jj;
+        // Another part's sums were written by another CTA in this launch: read through L2, not L1.
+        d[jj] = slot[jj] >= u1 ? __ldcg(scratch + r * kCols + ci) : 0.f;  // slot -1 < u1: nothing
+        b[jj] = slot[jj] >= 0 && p.b2 ? p.b2[static_cast<int64_t>(sm.touched[slot[jj]]) * p.h_pad + col] : 0.f;
+      }
+#pragma unroll
+      for (int jj = 0; jj < kSumGroup; ++jj) {
+        if (slot[jj] < 0) continue;
+        const int r = t * p.top_k + j0 + jj;
+        const float dd = slot[jj] < u1 ? route_sum<kCols>(sm, p.routes, KC, r, ci) : d[jj];
+        // Weighted term rounded on its own, then added (no FMA contraction): the same arithmetic as a
+        // K = 1 call per route followed by a slot-order sum, which the expert-parallel all-to-all path
+        // runs, so both give the same bits.
+        const float term = __fmul_rn(sm.route_w[r], fmaf(sm.alpha2[slot[jj]] * (kF16 ? 64.f : 1.f), dd, b[jj]));
+        s = __fadd_rn(s, term);
+      }
     }
     store_out1(p.out, p.out_fp32, static_cast<int64_t>(t) * p.hidden + col, s);
   }
@@ -674,11 +732,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
     where(p, 0, smid);
   }
   if (!kF16) fill_frag_tables(tables(sm), p.nvfp4, threadIdx.x, kThreads);
+  const float x0 = phase0_first_x<kF16>(p);
   build_routing(p, sm);
   const int nt = sm.num_touched;
   stamp(p, 1);
 
-  quantize_routes<kF16>(p, sm);  // phase 0
+  quantize_routes<kF16>(p, sm, x0);  // phase 0
   stamp(p, 2);
   grid_sync(p.barrier);
   stamp(p, 3);
