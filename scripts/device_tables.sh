@@ -7,7 +7,8 @@
 #   decode   #4's table: every named shape, T = 1..64, a4 and a16, the cuBLAS peer (~70 s on an H100)
 #   prefill  #5's table, a4 and a16, T = 128..16384 (~110 s)
 #   sweep    kAuto's decode line: direct_micro and dynamic forced, T = 1..16 (~110 s)
-#   bf16     prefill at T >= 2048 with a 32 GiB budget for dynamic's bf16 weight copy (~70 s)
+#   bf16     prefill at T >= 2048 with a 32 GiB budget for dynamic's bf16 weight copy, taken from 512
+#            routes per expert (below the default line, to see whether the copy wins anywhere; ~110 s on the H200)
 # Render afterwards with bench/bars.py (decode / prefill) and bench/plot.py.
 # E.g. (device tool, carry [".carry"]): timeout 570 bash scripts/device_tables.sh .carry/main decode prefill
 set -u
@@ -38,8 +39,8 @@ for s in "$@"; do
       --warmup 3 --seed 15 ;;
     sweep) step sweep 130 --model all --tokens 1,2,4,6,8,16 --mode a4,a16 --backend direct_micro,dynamic \
       --iters 10 --warmup 3 --no-peer --seed 18 ;;
-    bf16) step bf16 80 --model all --tokens 2048,4096,16384 --mode a4,a16 --iters 10 --warmup 3 --seed 15 \
-      --prefill-bf16-gib 32 ;;
+    bf16) step bf16 150 --model all --tokens 2048,4096,16384 --mode a4,a16 --iters 10 --warmup 3 --seed 15 \
+      --prefill-bf16-gib 32 --prefill-bf16-min-rows 512 ;;
     *) echo "device_tables.sh: unknown step '$s'" >&2 ;;
   esac
 done

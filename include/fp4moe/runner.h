@@ -35,11 +35,15 @@ struct RunnerOptions {
   // must hold at least one expert's larger GEMM (InvalidArgument otherwise); the runner reserves
   // no more than all local experts need, and nothing when max_tokens never reaches the line.
   int64_t prefill_bf16_bytes = 0;
-  // The default line, from the H200 (bench/results/NOTES.md session 8): the copy won at 512 routes
-  // per expert (mixtral-8x7b T = 2048: 4.22 against 5.75 ms) and from 1024 up on every model
-  // measured; it lost at 128 (qwen3-30b-a3b T = 2048: 1.21 against 1.04 ms, and by more on the
-  // larger models); 256 is unsettled.
-  int64_t prefill_bf16_min_rows = 512;
+  // The default line. Session 8 (H200) set it at 512: the copy then won from 512 routes per expert
+  // on. The register path has since caught up: on the H200 at bbda34c (bench/results/NOTES.md
+  // session 39, h200-bf16-20261207-s39-partial.jsonl against the prefill table of the same call) the
+  // copy lost at every point where it was taken, 512 routes per expert (deepseek-v3, gpt-oss-120b
+  // T = 16384: 1.33-1.72x the register path's time) and 1024 (qwen3-30b-a3b, qwen3-235b-a22b,
+  // llama4-scout T = 16384: 1.12-1.45x); at 4096 (mixtral-8x7b T = 16384) session 8's copy took
+  // 21.8 ms against the register path's 19.8 ms now. So the line sits past every measured regime:
+  // a budget alone no longer slows a call down; a server that measures its own crossover sets it.
+  int64_t prefill_bf16_min_rows = 8192;
   // The dynamic backend's m-tile on its register path (calls that do not take the bf16 copy): 0
   // chooses it from the routed rows per expert (the default: 16, 32, 64 or 128); 16, 32, 64 or 128 force it,
   // for tile sweeps and for servers that measured their own routing. Any other value:

@@ -20,7 +20,7 @@ class CapacityError(ValueError):
 class CudaError(RuntimeError):
     pass
 
-DEFAULT_PREFILL_BF16_MIN_ROWS: int = 512
+DEFAULT_PREFILL_BF16_MIN_ROWS: int = 8192
 
 class MoeConfig:
     def __init__(self) -> None: ...
@@ -132,7 +132,7 @@ class PreparedWeights:
     def config(self) -> MoeConfig: ...
 
 class Runner:
-    def __init__(self, config: MoeConfig, weights: PreparedWeights, max_tokens: int = 4096, backend: str = 'auto', deterministic: bool = False, cpu_threads: int = 0, prefill_bf16_bytes: int = 0, prefill_bf16_min_rows: int = 512, dynamic_tile_m: int = 0) -> None: ...
+    def __init__(self, config: MoeConfig, weights: PreparedWeights, max_tokens: int = 4096, backend: str = 'auto', deterministic: bool = False, cpu_threads: int = 0, prefill_bf16_bytes: int = 0, prefill_bf16_min_rows: int = 8192, dynamic_tile_m: int = 0) -> None: ...
 
     def run(self, x: NDArray, token_selected_experts: NDArray, token_final_scales: NDArray, output: NDArray, stream: int = 0) -> None: ...
 
