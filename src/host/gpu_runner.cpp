@@ -10,9 +10,25 @@
 namespace fp4moe::gpu {
 namespace {
 
-// kAuto on sm_90, from session 32's sweep (bench/results/h100-decode-sweep-20261207-s32.md: all six
-// named shapes at T = 1, 2, 4, 6, 8, 16, a4 and a16, direct_micro and dynamic forced on the same
-// inputs, on an H100, the card lent; dynamic with the 16-row m-tiles and the last wave's split).
+// kAuto on sm_90, from the H200 sweep of session 39 (bench/results/h200-sweep-20261207-s39.md: all
+// six named shapes at T = 1, 2, 4, 6, 8, 16, NVFP4 a4 and a16, direct_micro and dynamic forced on
+// the same inputs, main at bbda34c) and session 32's on an H100 (below), which agree on the rule:
+//  - direct_micro beside dynamic at T = 2 tokens of top-k 2 (both variants) and at T = 1 token of
+//    top-k 1 in NVFP4-a4 (direct_micro's f16 variant). The second is llama4-scout a4 T = 1 (one
+//    route into a 16-expert layer of 8192 intermediate columns): 42.6 against dynamic's 45.6 µs on
+//    the H200, 47.7 against 49.6 on the H100; its a16 (the bf16 tables) is dynamic's on both cards
+//    (dynamic 50.1 against 51.6 µs, 51.5 against 54.3). MXFP4-a4 runs direct_micro's bf16 variant and keeps dynamic.
+//  - Over the H200 sweep's 72 points the rule costs 0.12 % on average against the faster backend
+//    (`python3 bench/sweep.py bench/results/h200-sweep-20261207-s39.jsonl --line direct_micro,dynamic
+//    --rule "(T == 2 and K == 2) or (T == 1 and K == 1 and mode == 'a4')"`; T = 2 of top-k 2 alone
+//    0.22 %, dynamic everywhere 0.17 %); on session 32's H100 sweep 0.00 % (0.05 % without the
+//    second clause). Its misses on the H200, each within 4 %: mixtral-8x7b a4 T = 1 and 4
+//    (direct_micro by 1.5 and 1.4 %; on the H100 dynamic's by 1.2 and 8 %), qwen3-30b-a3b a4 T = 1
+//    (direct_micro by 2.3 %, before the session-39 direct_micro setup change that took it ~1.6 µs
+//    more; on the H100 dynamic's by 11 %), mixtral-8x7b a16 T = 2 (dynamic by 3.6 %; on the H100
+//    direct_micro's by 10 %). Re-sweep T = 1, 2, 4 before moving the line for them.
+// Session 32's reading (H100, the card lent then; dynamic with the 16-row m-tiles and the last
+// wave's split):
 //  - direct_micro beside dynamic only at T = 2 tokens of top-k 2, both variants (NVFP4-a4's f16 one
 //    and the bf16 one): mixtral-8x7b T = 2 (4 routes over up to 4 experts of 99 MB), a4 172.5
 //    against dynamic's 192.0 µs, a16 194.8 against 215.1. Everywhere else dynamic was faster or
@@ -25,10 +41,11 @@ namespace {
 //    only named shape of top-k 2, so the rule is one shape's point; a shape of top-k 2 with small
 //    experts would likely be dynamic's (every small-expert point of the sweep is), and a sweep of
 //    it would move the rule.
-//  - The rule takes the faster backend at 71 of the sweep's 72 points; over them it costs 0.05 % on
-//    average. The miss: llama4-scout a4 T = 1 (direct_micro 47.7 against 49.6 µs, 3.9 %; its a16
-//    is dynamic's by 5.4 %). Session 31's line (T ≤ 2 and T·K ≤ 4) costs 0.86 % on this sweep
-//    (llama4-scout a16 T = 2 22.8 %), dynamic everywhere 0.36 % (mixtral-8x7b T = 2 10.5 / 11.3 %).
+//  - T = 2 of top-k 2 alone took the faster backend at 71 of that sweep's 72 points (0.05 % on
+//    average); the miss, llama4-scout a4 T = 1 (direct_micro 47.7 against 49.6 µs, 3.9 %; its a16
+//    dynamic's by 5.4 %), is the second clause above since session 39. Session 31's line (T ≤ 2
+//    and T·K ≤ 4) costs 0.86 % on this sweep (llama4-scout a16 T = 2 22.8 %), dynamic everywhere
+//    0.36 % (mixtral-8x7b T = 2 10.5 / 11.3 %).
 //    Read with `python3 bench/sweep.py FILE --line direct_micro,dynamic --rule "T == 2 and K == 2"
 //    --rule "T <= 2 and routes <= 4"` (the routes-only lines: 0 routes 0.36 %, 2: 0.94 %, 4: 1.30 %).
 //  - static is not taken: at no point of session 13's sweep was it faster than dynamic by more than
@@ -39,20 +56,21 @@ namespace {
 //  - generic where dynamic cannot run (not sm_90); there direct_micro keeps session 6's line of 32
 //    routes per expert (h200-crossover-20261202.md: it beat generic by 1.17–3.3× inside it).
 constexpr int64_t kDirectMicroMaxRoutes = 1024;
-// kAuto's direct_micro beside dynamic (sm_90, both variants; session 32's sweep, above): T = 2 tokens
-// of top-k 2.
-constexpr int64_t kTokensBesideDynamic = 2;
-constexpr int64_t kTopKBesideDynamic = 2;
-// The tokens of a kAuto call of top-k K that goes to direct_micro beside dynamic (0: none), which is
-// also its workspace's size: the rule and the workspace read this one helper.
-int64_t tokens_beside_dynamic(int64_t top_k) { return top_k == kTopKBesideDynamic ? kTokensBesideDynamic : 0; }
+// The tokens of a kAuto call that goes to direct_micro beside dynamic (sm_90; the sweeps above), 0 for
+// none, which is also its workspace's size: the rule and the workspace read this one helper.
+// T = 2 of top-k 2, both variants; T = 1 of top-k 1 in NVFP4-a4 (the f16 variant).
+int64_t tokens_beside_dynamic(const MoeConfig& c) {
+  if (c.top_k == 2) return 2;
+  if (c.top_k == 1 && c.format == WeightFormat::kNVFP4 && c.mode == ActMode::kA4) return 1;
+  return 0;
+}
 
 }  // namespace
 
 bool direct_micro_preferred(const MoeConfig& c, int64_t routes, bool dynamic_runs) {
   constexpr int64_t kRoutesPerExpertGeneric = 32;  // not sm_90
   if (dynamic_runs) {
-    const int64_t tokens = tokens_beside_dynamic(c.top_k);
+    const int64_t tokens = tokens_beside_dynamic(c);
     return tokens > 0 && routes == tokens * c.top_k;
   }
   const int64_t touched_max = std::min<int64_t>(c.local_count(), routes);
@@ -79,13 +97,13 @@ class GpuRunner final : public Runner {
       dyn_->deterministic = o.deterministic;
     }
     // direct_micro's workspace only for the calls that can reach it: forced, every T up to
-    // max_tokens (within the variant's capacity); kAuto, its line: T = 2 of top-k 2 beside dynamic on
-    // sm_90 (none at all for other K), up to the capacity elsewhere. Its buffers grow with the routes
+    // max_tokens (within the variant's capacity); kAuto, its line beside dynamic on sm_90 (T = 2 of
+    // top-k 2, T = 1 of top-k 1 in NVFP4-a4; none at all otherwise), up to the capacity elsewhere. Its buffers grow with the routes
     // (at 1024 routes ~19 MB a runner at deepseek-v3, ~14 MB at qwen3-30b-a3b; one runner a layer).
     int64_t dm_tokens = 0;
     if (o.backend == Backend::kDirectMicro) dm_tokens = o.max_tokens;
     if (o.backend == Backend::kAuto)
-      dm_tokens = std::min(o.max_tokens, dynamic_runs() ? tokens_beside_dynamic(c.top_k) : kDirectMicroMaxRoutes / c.top_k);
+      dm_tokens = std::min(o.max_tokens, dynamic_runs() ? tokens_beside_dynamic(c) : kDirectMicroMaxRoutes / c.top_k);
     if (dm_tokens > 0 && direct_micro_supports(c, 1, nullptr))
       dm_ = std::make_unique<DirectMicroWorkspace>(c, *w_, dm_tokens);
     // static: forced only, until the decode sweep places it in kAuto's order.

@@ -493,8 +493,8 @@ TEST(GpuDynamic, DeterministicInAGraphAndPickedByAutoAboveDirectMicro) {
   const MoeConfig c = make_config(64, 512, 256, 8, WeightFormat::kMXFP4, ActMode::kA16, Activation::kSwigluOai, true);
   const Problem p = testkit::make_problem({c, 500, 66});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
-  // kAuto (gpu_runner.cpp, session 32's sweep): on sm_90 direct_micro only at T = 2 of top-k 2 (here
-  // K = 8: never), then dynamic; elsewhere direct_micro while ≤ 32 routes per touched expert within the
+  // kAuto (gpu_runner.cpp, sessions 32 and 39's sweeps): on sm_90 direct_micro only at T = 2 of top-k 2
+  // and T = 1 of top-k 1 in NVFP4-a4 (here K = 8: never), then dynamic; elsewhere direct_micro while ≤ 32 routes per touched expert within the
   // bf16 variant's 512 routes (T ≤ 64), then generic.
   MoeRunner autor(c, w, {.max_tokens = 16384});
   const bool sm90 = device_is_sm90();
@@ -617,8 +617,8 @@ TEST(GpuDynamic, Bf16PathMatchesReferenceAndReplays) {
   EXPECT_FALSE(r.plan_bf16_copy(20));
   for (const Problem* p : {&big, static_cast<const Problem*>(&small), &big}) expect_run_matches_reference(r, *p);
   expect_graph_replays_deterministic(big, r, 3);
-  // kAuto takes the register path for decode (direct_micro's line beside it is top-k 2's; here
-  // K = 4) and the copy for prefill.
+  // kAuto takes the register path for decode (direct_micro's line beside it is top-k 2's and
+  // NVFP4-a4 top-k 1's; here K = 4) and the copy for prefill.
   MoeRunner autor(c, w, {.max_tokens = 300, .prefill_bf16_bytes = 8 * kPerExpert, .prefill_bf16_min_rows = 64});
   EXPECT_EQ(autor.plan(1), Backend::kDynamic);
   EXPECT_EQ(autor.plan(2), Backend::kDynamic);
@@ -735,8 +735,8 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
   const Problem p = testkit::make_problem({c, 4, 71});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
   MoeRunner r(c, w, {.max_tokens = 4096});
-  // kAuto (gpu_runner.cpp, session 32's sweep): on sm_90 direct_micro only at T = 2 of top-k 2 (here
-  // K = 8: never; K = 2 below: T = 2), then dynamic; elsewhere direct_micro up to its capacity (1024
+  // kAuto (gpu_runner.cpp, sessions 32 and 39's sweeps): on sm_90 direct_micro only at T = 2 of top-k 2
+  // and T = 1 of top-k 1 in NVFP4-a4 (here K = 8: never; K = 2 below: T = 2; K = 1 below: T = 1), then dynamic; elsewhere direct_micro up to its capacity (1024
   // routes on the f16 variant) while ≤ 32 per touched expert, then generic.
   const bool sm90 = device_is_sm90();
   for (int64_t T : {1, 2, 8, 32, 64, 128}) EXPECT_EQ(r.plan(T), sm90 ? Backend::kDynamic : Backend::kDirectMicro) << T;
@@ -755,8 +755,27 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
     p21.checkpoint = p2.checkpoint;
     expect_run_matches_reference(r2, p21);
   }
+  {
+    // T = 1 of top-k 1 in NVFP4-a4 (gpu_runner.cpp, session 39's H200 sweep): direct_micro's f16
+    // variant on sm_90 too; T = 2 dynamic there (direct_micro elsewhere: 2 routes); the same shape in
+    // MXFP4-a4 (the bf16 variant) dynamic at T = 1 on sm_90.
+    const MoeConfig c1 = make_config(64, 256, 128, 1);
+    const Problem p1 = testkit::make_problem({c1, 1, 75});
+    PreparedWeights w1 = prepare_weights(c1, p1.checkpoint.view(), {.device = 0});
+    MoeRunner r1(c1, w1, {.max_tokens = 64});
+    EXPECT_EQ(r1.plan(1), Backend::kDirectMicro);
+    EXPECT_EQ(r1.plan(2), sm90 ? Backend::kDynamic : Backend::kDirectMicro);
+    expect_run_matches_reference(r1, p1);
+    Problem p12 = testkit::make_problem({c1, 2, 76});
+    p12.checkpoint = p1.checkpoint;
+    expect_run_matches_reference(r1, p12);
+    const MoeConfig cmx = make_config(64, 256, 128, 1, WeightFormat::kMXFP4);
+    const Problem pmx = testkit::make_problem({cmx, 1, 77});
+    PreparedWeights wmx = prepare_weights(cmx, pmx.checkpoint.view(), {.device = 0});
+    EXPECT_EQ(MoeRunner(cmx, wmx, {.max_tokens = 64}).plan(1), sm90 ? Backend::kDynamic : Backend::kDirectMicro);
+  }
   // kAuto allocates direct_micro's workspace only for its line: none at K = 8 on sm_90, where the
-  // line is top-k 2's, so its workspace is dynamic's.
+  // line is top-k 2's (and top-k 1's in NVFP4-a4), so its workspace is dynamic's.
   if (sm90) {
     EXPECT_EQ(r.workspace_bytes(), MoeRunner(c, w, {.max_tokens = 4096, .backend = Backend::kDynamic}).workspace_bytes());
   }
