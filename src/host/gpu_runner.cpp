@@ -17,7 +17,8 @@ namespace {
 //    top-k 1 in NVFP4-a4 (direct_micro's f16 variant). The second is llama4-scout a4 T = 1 (one
 //    route into a 16-expert layer of 8192 intermediate columns): 42.6 against dynamic's 45.6 µs on
 //    the H200, 47.7 against 49.6 on the H100; its a16 (the bf16 tables) is dynamic's on both cards
-//    (dynamic 50.1 against 51.6 µs, 51.5 against 54.3). MXFP4-a4 runs direct_micro's bf16 variant and keeps dynamic.
+//    (dynamic 50.1 against 51.6 µs, 51.5 against 54.3). MXFP4-a4 runs direct_micro's bf16 variant
+//    and keeps dynamic (the f16 variant is launch.h's f16_operands).
 //  - Over the H200 sweep's 72 points the rule costs 0.12 % on average against the faster backend
 //    (`python3 bench/sweep.py bench/results/h200-sweep-20261207-s39.jsonl --line direct_micro,dynamic
 //    --rule "(T == 2 and K == 2) or (T == 1 and K == 1 and mode == 'a4')"`; T = 2 of top-k 2 alone
@@ -61,7 +62,7 @@ constexpr int64_t kDirectMicroMaxRoutes = 1024;
 // T = 2 of top-k 2, both variants; T = 1 of top-k 1 in NVFP4-a4 (the f16 variant).
 int64_t tokens_beside_dynamic(const MoeConfig& c) {
   if (c.top_k == 2) return 2;
-  if (c.top_k == 1 && c.format == WeightFormat::kNVFP4 && c.mode == ActMode::kA4) return 1;
+  if (c.top_k == 1 && f16_operands(c)) return 1;
   return 0;
 }
 
@@ -98,8 +99,9 @@ class GpuRunner final : public Runner {
     }
     // direct_micro's workspace only for the calls that can reach it: forced, every T up to
     // max_tokens (within the variant's capacity); kAuto, its line beside dynamic on sm_90 (T = 2 of
-    // top-k 2, T = 1 of top-k 1 in NVFP4-a4; none at all otherwise), up to the capacity elsewhere. Its buffers grow with the routes
-    // (at 1024 routes ~19 MB a runner at deepseek-v3, ~14 MB at qwen3-30b-a3b; one runner a layer).
+    // top-k 2, T = 1 of top-k 1 in NVFP4-a4; none at all otherwise), up to the capacity elsewhere.
+    // Its buffers grow with the routes (at 1024 routes ~19 MB a runner at deepseek-v3, ~14 MB at
+    // qwen3-30b-a3b; one runner a layer).
     int64_t dm_tokens = 0;
     if (o.backend == Backend::kDirectMicro) dm_tokens = o.max_tokens;
     if (o.backend == Backend::kAuto)

@@ -493,9 +493,10 @@ TEST(GpuDynamic, DeterministicInAGraphAndPickedByAutoAboveDirectMicro) {
   const MoeConfig c = make_config(64, 512, 256, 8, WeightFormat::kMXFP4, ActMode::kA16, Activation::kSwigluOai, true);
   const Problem p = testkit::make_problem({c, 500, 66});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
-  // kAuto (gpu_runner.cpp, sessions 32 and 39's sweeps): on sm_90 direct_micro only at T = 2 of top-k 2
-  // and T = 1 of top-k 1 in NVFP4-a4 (here K = 8: never), then dynamic; elsewhere direct_micro while ≤ 32 routes per touched expert within the
-  // bf16 variant's 512 routes (T ≤ 64), then generic.
+  // kAuto (gpu_runner.cpp, sessions 32 and 39's sweeps): on sm_90 direct_micro only at T = 2 of
+  // top-k 2 and T = 1 of top-k 1 in NVFP4-a4 (here K = 8: never), then dynamic; elsewhere
+  // direct_micro while ≤ 32 routes per touched expert within the bf16 variant's 512 routes (T ≤ 64),
+  // then generic.
   MoeRunner autor(c, w, {.max_tokens = 16384});
   const bool sm90 = device_is_sm90();
   for (int64_t T : {1, 2, 32, 64}) EXPECT_EQ(autor.plan(T), sm90 ? Backend::kDynamic : Backend::kDirectMicro) << T;
@@ -735,9 +736,10 @@ TEST(GpuRunner, DispatchAndForcedBackends) {
   const Problem p = testkit::make_problem({c, 4, 71});
   PreparedWeights w = prepare_weights(c, p.checkpoint.view(), {.device = 0});
   MoeRunner r(c, w, {.max_tokens = 4096});
-  // kAuto (gpu_runner.cpp, sessions 32 and 39's sweeps): on sm_90 direct_micro only at T = 2 of top-k 2
-  // and T = 1 of top-k 1 in NVFP4-a4 (here K = 8: never; K = 2 below: T = 2; K = 1 below: T = 1), then dynamic; elsewhere direct_micro up to its capacity (1024
-  // routes on the f16 variant) while ≤ 32 per touched expert, then generic.
+  // kAuto (gpu_runner.cpp, sessions 32 and 39's sweeps): on sm_90 direct_micro only at T = 2 of
+  // top-k 2 and T = 1 of top-k 1 in NVFP4-a4 (here K = 8: never; K = 2 below: T = 2; K = 1 below:
+  // T = 1), then dynamic; elsewhere direct_micro up to its capacity (1024 routes on the f16 variant)
+  // while ≤ 32 per touched expert, then generic.
   const bool sm90 = device_is_sm90();
   for (int64_t T : {1, 2, 8, 32, 64, 128}) EXPECT_EQ(r.plan(T), sm90 ? Backend::kDynamic : Backend::kDirectMicro) << T;
   {
