@@ -102,11 +102,12 @@ __device__ __forceinline__ void mma_m64n256k16_bf16(float (&d)[128], uint64_t de
 }
 
 // D(64 × N, fp32) = A(64 × 16, registers) · B(16 × N: N rows × 16 k, shared, K-major)ᵀ +
-// (accumulate ? D : 0) for N = 16, 32, 64, 96 or 128; A and B bf16, or both f16 (kF16: the NVFP4-a4
+// (accumulate ? D : 0) for N = 8, 16, 32, 64, 96 or 128 (8: only GpuDiagnostics' rate probe); A and B bf16, or both f16 (kF16: the NVFP4-a4
 // register path, frag_a_f16). 96: dynamic's narrow MMAs (consume_item's kNarrow). A is this thread's
 // fragment in the m16n8k16 layout of its warp's 16 rows (common/frag_dequant.cuh); the registers are
 // read asynchronously, so they must not change until a wgmma_wait covers this instruction's group.
 // d: N / 2 floats (acc_row / acc_col).
+#define FP4MOE_WGMMA_D_REGS_0_3 "%0, %1, %2, %3"
 #define FP4MOE_WGMMA_D_REGS_0_7 "%0, %1, %2, %3, %4, %5, %6, %7"
 #define FP4MOE_WGMMA_D_REGS_0_15 \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
@@ -114,6 +115,7 @@ __device__ __forceinline__ void mma_m64n256k16_bf16(float (&d)[128], uint64_t de
     FP4MOE_WGMMA_D_REGS_0_15 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define FP4MOE_WGMMA_D_REGS_0_47 \
     FP4MOE_WGMMA_D_REGS_0_31 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define FP4MOE_WGMMA_D4(i) "+f"(d[(i)]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3])
 #define FP4MOE_WGMMA_D16(i) FP4MOE_WGMMA_D8(i), FP4MOE_WGMMA_D8((i) + 8)
 #define FP4MOE_WGMMA_D32(i) FP4MOE_WGMMA_D16(i), FP4MOE_WGMMA_D16((i) + 16)
 #define FP4MOE_WGMMA_D48(i) FP4MOE_WGMMA_D32(i), FP4MOE_WGMMA_D16((i) + 32)
@@ -133,7 +135,7 @@ __device__ __forceinline__ void mma_m64n256k16_bf16(float (&d)[128], uint64_t de
 template <int N, bool kF16 = false>
 __device__ __forceinline__ void mma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                                 int accumulate) {
-  static_assert(N == 16 || N == 32 || N == 64 || N == 96 || N == 128, "the register path's tile widths");
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 96 || N == 128, "the register path's tile widths");
   if constexpr (N == 128) {
     FP4MOE_WGMMA_RS_TYPED("m64n128k16", FP4MOE_WGMMA_D_REGS_0_63, "%64, %65, %66, %67", "%68", "%69",
                           FP4MOE_WGMMA_D64(0));
@@ -146,8 +148,10 @@ __device__ __forceinline__ void mma_m64nNk16_rs(float (&d)[N / 2], const uint32_
   } else if constexpr (N == 32) {
     FP4MOE_WGMMA_RS_TYPED("m64n32k16", FP4MOE_WGMMA_D_REGS_0_15, "%16, %17, %18, %19", "%20", "%21",
                           FP4MOE_WGMMA_D16(0));
-  } else {
+  } else if constexpr (N == 16) {
     FP4MOE_WGMMA_RS_TYPED("m64n16k16", FP4MOE_WGMMA_D_REGS_0_7, "%8, %9, %10, %11", "%12", "%13", FP4MOE_WGMMA_D8(0));
+  } else {
+    FP4MOE_WGMMA_RS_TYPED("m64n8k16", FP4MOE_WGMMA_D_REGS_0_3, "%4, %5, %6, %7", "%8", "%9", FP4MOE_WGMMA_D4(0));
   }
 }
 #undef FP4MOE_WGMMA_RS_TYPED
@@ -155,10 +159,12 @@ __device__ __forceinline__ void mma_m64nNk16_rs(float (&d)[N / 2], const uint32_
 #undef FP4MOE_WGMMA_D48
 #undef FP4MOE_WGMMA_D32
 #undef FP4MOE_WGMMA_D16
+#undef FP4MOE_WGMMA_D4
 #undef FP4MOE_WGMMA_D_REGS_0_47
 #undef FP4MOE_WGMMA_D_REGS_0_31
 #undef FP4MOE_WGMMA_D_REGS_0_15
 #undef FP4MOE_WGMMA_D_REGS_0_7
+#undef FP4MOE_WGMMA_D_REGS_0_3
 
 #undef FP4MOE_WGMMA_D64
 #undef FP4MOE_WGMMA_D8
