@@ -145,7 +145,9 @@ std::string usage() {
         "  --threads N          host threads for generation and the reference (default all)\n"
         "  --prefill-bf16-gib G device memory for dynamic's bf16 weight copy (RunnerOptions::\n"
         "                       prefill_bf16_bytes; default 0: none); calls with at least\n"
-        "  --prefill-bf16-min-rows N   routes per expert (T·K / E, default 8192) dequantise once into it;\n"
+        "  --prefill-bf16-min-rows N   routes per expert (T·K / E, default "
+     << RunnerOptions{}.prefill_bf16_min_rows
+     << ") dequantise once into it;\n"
         "                       their rows read \"dynamic (bf16 copy)\"\n"
         "  --dynamic-tile-m N   dynamic's register-path m-tile: 16, 32, 64 or 128 routed rows (RunnerOptions::\n"
         "                       dynamic_tile_m; default 0: from the rows per expert); rows read\n"
