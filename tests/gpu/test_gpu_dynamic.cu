@@ -971,7 +971,11 @@ TEST(GpuDiagnostics, DISABLED_RegisterPathStagePerCta) {
 // decode stage's 8 MMAs are a fixed cost that no ring or warp count moves, and 8-row tiles (m64n8k16)
 // or fewer MMAs a weight byte are the lever. Contents are irrelevant (zeros and ones): only the
 // time is read. kAccs = 2 alternates two accumulators between groups (no dependency between them).
-template <int N, int kAccs>
+// kWithin: a group's MMA ks accumulates into accumulator ks % kAccs instead (the 4 MMAs of a group
+// are then kAccs independent chains, docs/wip/bm16-two-acc.patch): if that row is faster than one
+// accumulator, each wgmma waits for the one before it on the same registers longer than the tensor
+// pipe needs for it, and a stage's chain, not the pipe's rate, sets the decode stage.
+template <int N, int kAccs, bool kWithin = false>
 __global__ void __launch_bounds__(256) wgmma_rs_rate_kernel(int groups, float* sink) {
   __shared__ __align__(1024) unsigned char sb[128 * 64 * 2];
   for (int i = threadIdx.x; i < 128 * 64 * 2 / 16; i += blockDim.x) reinterpret_cast<uint4*>(sb)[i] = make_uint4(0, 0, 0, 0);
@@ -985,17 +989,32 @@ __global__ void __launch_bounds__(256) wgmma_rs_rate_kernel(int groups, float* s
   for (int c = 0; c < kAccs; ++c)
     for (int i = 0; i < N / 2; ++i) acc[c][i] = 0.0f;
   const uint32_t b_addr = kernels::ptx::smem_addr(sb);
-  for (int g = 0; g < groups; g += kAccs) {
+  if constexpr (kWithin) {
+    for (int g = 0; g < groups; ++g) {
 #pragma unroll
-    for (int c = 0; c < kAccs; ++c) {
-      kernels::ptx::fence_operand(acc[c]);
+      for (int c = 0; c < kAccs; ++c) kernels::ptx::fence_operand(acc[c]);
       kernels::ptx::wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        kernels::ptx::mma_m64nNk16_rs<N, true>(acc[c], a[ks], wg::operand_desc_sw128(b_addr, 0, ks), 1);
+        kernels::ptx::mma_m64nNk16_rs<N, true>(acc[ks % kAccs], a[ks], wg::operand_desc_sw128(b_addr, 0, ks), 1);
       kernels::ptx::wgmma_commit();
       kernels::ptx::wgmma_wait<1>();
-      kernels::ptx::fence_operand(acc[c]);
+#pragma unroll
+      for (int c = 0; c < kAccs; ++c) kernels::ptx::fence_operand(acc[c]);
+    }
+  } else {
+    for (int g = 0; g < groups; g += kAccs) {
+#pragma unroll
+      for (int c = 0; c < kAccs; ++c) {
+        kernels::ptx::fence_operand(acc[c]);
+        kernels::ptx::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          kernels::ptx::mma_m64nNk16_rs<N, true>(acc[c], a[ks], wg::operand_desc_sw128(b_addr, 0, ks), 1);
+        kernels::ptx::wgmma_commit();
+        kernels::ptx::wgmma_wait<1>();
+        kernels::ptx::fence_operand(acc[c]);
+      }
     }
   }
   kernels::ptx::wgmma_wait<0>();
@@ -1014,16 +1033,18 @@ TEST(GpuDiagnostics, DISABLED_WgmmaRsRate) {
   GPU_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   DeviceArray<float> sink(1);
   constexpr int kGroups = 4096;  // 16 K MMAs a warpgroup
-  auto run = [&](const char* shape, int n, int accs, auto kernel, int warpgroups, int ctas_per_sm) {
+  auto run = [&](const char* shape, int n, int accs, auto kernel, int warpgroups, int ctas_per_sm,
+                 bool within = false) {
     std::array<float, 2> best{};
     best_of_two_ms(3, [&](int) { kernel<<<sms * ctas_per_sm, 128 * warpgroups>>>(kGroups, sink.get()); }, best);
     const double us = std::min(best[0], best[1]) * 1e3;
     const double groups_per_sm = static_cast<double>(kGroups) * warpgroups * ctas_per_sm;
     const double mma_ns = us * 1e3 / (groups_per_sm * 4);  // per MMA, the SM's
     const double macs = 64.0 * n * 16;
-    std::printf("[wgmma rate] %-10s %d acc%s, %d warpgroup%s a CTA, %d CTA%s an SM: %6.2f ns a group of 4 per "
+    std::printf("[wgmma rate] %-10s %d acc%s%s, %d warpgroup%s a CTA, %d CTA%s an SM: %6.2f ns a group of 4 per "
                 "warpgroup, %5.2f ns an MMA per SM (%5.1f clocks at the max clock), %6.0f MAC a clock per SM\n",
-                shape, accs, accs > 1 ? "s" : " ", warpgroups, warpgroups > 1 ? "s" : " ", ctas_per_sm,
+                shape, accs, accs > 1 ? "s" : " ", within ? " within a group" : "", warpgroups, warpgroups > 1 ? "s" : " ",
+                ctas_per_sm,
                 ctas_per_sm > 1 ? "s" : " ", us * 1e3 / kGroups, mma_ns, mma_ns * clock_khz * 1e-6,
                 macs / (mma_ns * clock_khz * 1e-6));
   };
@@ -1032,6 +1053,9 @@ TEST(GpuDiagnostics, DISABLED_WgmmaRsRate) {
       run("m64n8k16", 8, 1, wgmma_rs_rate_kernel<8, 1>, wgs, ctas);
       run("m64n16k16", 16, 1, wgmma_rs_rate_kernel<16, 1>, wgs, ctas);
       run("m64n16k16", 16, 2, wgmma_rs_rate_kernel<16, 2>, wgs, ctas);
+      run("m64n16k16", 16, 2, wgmma_rs_rate_kernel<16, 2, true>, wgs, ctas, true);
+      run("m64n16k16", 16, 4, wgmma_rs_rate_kernel<16, 4, true>, wgs, ctas, true);
+      run("m64n8k16", 8, 2, wgmma_rs_rate_kernel<8, 2, true>, wgs, ctas, true);
       run("m64n32k16", 32, 1, wgmma_rs_rate_kernel<32, 1>, wgs, ctas);
       run("m64n64k16", 64, 1, wgmma_rs_rate_kernel<64, 1>, wgs, ctas);
       run("m64n128k16", 128, 1, wgmma_rs_rate_kernel<128, 1>, wgs, ctas);
