@@ -149,14 +149,6 @@ FP4MOE_HD uint8_t e2m1_encode(float x) {
   return static_cast<uint8_t>(mag | ((f32_bits(x) >> 28) & 8u));
 }
 
-// e2m1_decode(e2m1_encode(x)) without the code, in a few instructions (the kernels requantise
-// activations as quantise-then-dequantise, quantize.cuh): the nearest E2M1 value to x, ties to the
-// even code, saturating at ±6, the sign kept (−0 too), and +0 for a NaN. Why it is the same: E2M1's
-// grid has spacing 0.5 below 2, 1 from 2 to 4 and 2 from 4 to 6, and in each range the even codes
-// are the even multiples of the spacing (0, 1, 2 | 2, 4 | 4), so rounding |x| / spacing half-to-even
-// picks the neighbour e2m1_encode's decision points pick; at the range ends 1.75 and 3.5 (ties) both
-// round up to the next range's first value. The scaling by the spacing is exact (a power of two).
-// tests/cpu/test_formats.cpp compares the two on every float whose exponent reaches the grid.
 // Round to the nearest integer, ties to even (the device's rint; the host's default rounding mode).
 FP4MOE_HD float rint_even(float x) {
 #if defined(__CUDA_ARCH__)
@@ -166,14 +158,45 @@ FP4MOE_HD float rint_even(float x) {
 #endif
 }
 
+// a + b and a - b rounded to nearest even, never fused or reassociated (the host's volatile keeps
+// the compiler from folding (a + b) - b to a).
+FP4MOE_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  volatile float r = a + b;
+  return r;
+#endif
+}
+FP4MOE_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  volatile float r = a - b;
+  return r;
+#endif
+}
+
+// e2m1_decode(e2m1_encode(x)) without the code, in a few instructions (the kernels requantise
+// activations as quantise-then-dequantise, quantize.cuh): the nearest E2M1 value to x, ties to the
+// even code, saturating at ±6, the sign kept (−0 too), and +0 for a NaN. Why it is the same: E2M1's
+// grid has spacing 0.5 below 2, 1 from 2 to 4 and 2 from 4 to 6: the ulp of a 1-bit mantissa at
+// a's binade, with the binades below 1 sharing 1's (the subnormal code 0.5). Adding big = 2^(E+22),
+// E that binade's exponent (0 below 1), puts a in a binade whose ulp is that spacing, so the add
+// rounds a to the spacing, ties to even; subtracting big again is exact. The even codes are the even
+// multiples of the spacing (0, 1, 2 | 2, 4 | 4), so the tie rule picks e2m1_encode's code; at the
+// binade ends 1.75 and 3.5 (ties) both round up to the next binade's first value, as the code does.
+// a is saturated at 6 first (Inf too), so big is at most 2^24. Seven instructions on sm_90 plus the
+// NaN test (the form with a rint by the spacing took 16 and a quarter-rate FRND).
+// tests/cpu/test_formats.cpp compares it with the round trip on every float whose exponent reaches
+// the grid.
 FP4MOE_HD float e2m1_round(float x) {
-  const float a = abs_f(x);
-  const float inv_step = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
-  const float step = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
-  float r = rint_even(a * inv_step) * step;
-  r = a < 6.0f ? r : 6.0f;  // saturate (Inf too); a NaN also lands here
-  r = is_nan(x) ? 0.0f : r;
-  return bits_f32(f32_bits(r) | (is_nan(x) ? 0u : f32_bits(x) & 0x80000000u));
+  const float m = abs_f(x);
+  const float a = m < 6.0f ? m : 6.0f;  // a NaN gives 6 here and +0 at the end
+  const uint32_t e = f32_bits(a) & 0x7F800000u;
+  const float big = bits_f32((e > 0x3F800000u ? e : 0x3F800000u) + (22u << 23));
+  const float r = sub_rn(add_rn(a, big), big);
+  return is_nan(x) ? 0.0f : bits_f32(f32_bits(r) | (f32_bits(x) & 0x80000000u));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -200,13 +223,8 @@ FP4MOE_HD uint8_t e4m3_encode(float x) {
   if (a < pow2f(-6)) {
     // Subnormal range: value = m · 2^-9, m in 0..8 (m = 8 is the smallest normal, code 0x08).
     // a · 2^9 is exact; adding and subtracting 2^23 rounds it to the nearest even integer.
-    float s = mul_rn(a, 512.0f);
-#if defined(__CUDA_ARCH__)
-    float r = __fsub_rn(__fadd_rn(s, 8388608.0f), 8388608.0f);
-#else
-    volatile float t = s + 8388608.0f;
-    float r = t - 8388608.0f;
-#endif
+    const float s = mul_rn(a, 512.0f);
+    const float r = sub_rn(add_rn(s, 8388608.0f), 8388608.0f);
     return static_cast<uint8_t>(sign | static_cast<uint8_t>(r));
   }
   // Normal: round the fp32 mantissa from 23 to 3 bits, nearest even (may carry into the exponent).
@@ -220,25 +238,20 @@ FP4MOE_HD uint8_t e4m3_encode(float x) {
 
 // e4m3_decode(e4m3_encode(x)) without the code, for the kernels' MXFP8 requantisation (quantize.cuh):
 // the nearest E4M3 value, ties to even, ±448 for |x| ≥ 448, the sign kept (−0 too), and a NaN of x's
-// sign for a NaN. The same three cases as e4m3_encode: subnormal (|x| < 2^-6: half-to-even rint of
-// |x| · 2^9, exact scalings), normal (the fp32 mantissa rounded to 3 bits by the same integer add, the
-// low bits then cleared, which is the value itself), saturated. tests/cpu/test_formats.cpp compares
-// the two on every float whose exponent reaches the grid.
+// sign for a NaN. The same add as e2m1_round: E4M3's spacing at a's binade 2^E is 2^(E−3), and
+// 2^−9 below 2^−6 (the subnormals share the smallest normal binade's), so big = 2^(max(E, −6) + 20)
+// has that spacing as its ulp and a + big rounds a to it, ties to even (the even codes are the even
+// multiples, as e4m3_encode's integer add of the mantissa makes them); a is saturated at 448 first
+// (448 = 14 · 2^5 is on the grid of its binade, so nothing rounds past it). tests/cpu/test_formats.cpp
+// compares it with the round trip on every float whose exponent reaches the grid.
 FP4MOE_HD float e4m3_round(float x) {
   const uint32_t sign = f32_bits(x) & 0x80000000u;
-  if (is_nan(x)) return bits_f32(sign | 0x7FC00000u);
-  const float a = abs_f(x);
-  float r;
-  if (a >= kE4M3Max) {
-    r = kE4M3Max;
-  } else if (a < pow2f(-6)) {
-    r = rint_even(a * 512.0f) * pow2f(-9);
-  } else {
-    uint32_t b = f32_bits(a);
-    b += 0x7FFFFu + ((b >> 20) & 1u);  // nearest even at 3 mantissa bits; carries into the exponent
-    r = bits_f32(b & 0xFFF00000u);
-  }
-  return bits_f32(f32_bits(r) | sign);
+  const float m = abs_f(x);
+  const float a = m < kE4M3Max ? m : kE4M3Max;  // a NaN gives 448 here and a NaN at the end
+  const uint32_t e = f32_bits(a) & 0x7F800000u;
+  const float big = bits_f32((e > (121u << 23) ? e : (121u << 23)) + (20u << 23));
+  const float r = sub_rn(add_rn(a, big), big);
+  return bits_f32((is_nan(x) ? 0x7FC00000u : f32_bits(r)) | sign);
 }
 
 // ---------------------------------------------------------------------------------------------
