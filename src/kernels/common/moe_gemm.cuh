@@ -124,9 +124,11 @@ __device__ __forceinline__ void fc1_epilogue_block(const MoeGemmParams& p, float
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const float u = p.gated ? us[j] : 0.0f;
-      // Round to bf16 after the activation, before requantisation (reference §2.4).
-      h[j] = fmt::round_bf16(apply_activation<float>(p.activation, gs[j], u, p.sw_alpha, p.sw_beta, p.sw_limit));
+      h[j] = apply_activation<float>(p.activation, gs[j], u, p.sw_alpha, p.sw_beta, p.sw_limit);
     }
+    // Round to bf16 after the activation, before requantisation (reference §2.4).
+    fmt::round_bf16x2(h[0], h[1]);
+    fmt::round_bf16x2(h[2], h[3]);
     *first = make_float4(h[0], h[1], h[2], h[3]);
   }
   float h[kBlock];
@@ -169,10 +171,11 @@ __device__ __forceinline__ void fc1_spread_rows(const MoeGemmParams& p, const fl
     float h[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float h1 = p.gated ? act(gs[j], us[j])
-                               : apply_activation<float>(Activation::kRelu2, gs[j], 0.0f, p.sw_alpha, p.sw_beta, p.sw_limit);
-      h[j] = fmt::round_bf16(h1);  // bf16 before requantisation (§2.4)
+      h[j] = p.gated ? act(gs[j], us[j])
+                     : apply_activation<float>(Activation::kRelu2, gs[j], 0.0f, p.sw_alpha, p.sw_beta, p.sw_limit);
     }
+    fmt::round_bf16x2(h[0], h[1]);  // bf16 before requantisation (§2.4)
+    fmt::round_bf16x2(h[2], h[3]);
     __nv_bfloat16 q[4];
     if (mx) quant_dequant_lanes<fmt::kMxBlock, 4>(p.q2, h, g2, q);
     else quant_dequant_lanes<fmt::kNvfp4Block, 4>(p.q2, h, g2, q);
