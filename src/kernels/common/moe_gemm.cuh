@@ -110,10 +110,12 @@ struct GatedActivation {
 // in a rolled loop over groups of 4 columns and writes h back over the up (or input) columns, which
 // only this task reads; then the block is requantised from there. Why rolled: unrolled over the
 // block with every activation's code, dynamic's FC1 kernels were 12–23 K instructions and their
-// epilogues ran from instruction-cache misses (NOTES session 7).
-template <int BN, int kBlock>
-__device__ __forceinline__ void fc1_epilogue_block(const MoeGemmParams& p, float* crow, int col0, int e,
-                                                   __nv_bfloat16* dst) {
+// epilogues ran from instruction-cache misses (NOTES session 7). The activation is chosen once a
+// block (kAct, a compile-time constant in each of the four copies of the rolled loop): chosen a value
+// inside the loop, each value paid a jump-table load, an indirect branch and the branch back (~7
+// instructions, and no overlap of the four values' exp and reciprocal chains; session 40's SASS).
+template <int BN, int kBlock, Activation kAct>
+__device__ __forceinline__ void fc1_activate_block(const MoeGemmParams& p, float* crow, int col0) {
 #pragma unroll 1
   for (int i = 0; i < kBlock; i += 4) {
     float4* const first = reinterpret_cast<float4*>(crow + col0 + i);  // up (gated) or the input
@@ -124,12 +126,22 @@ __device__ __forceinline__ void fc1_epilogue_block(const MoeGemmParams& p, float
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const float u = p.gated ? us[j] : 0.0f;
-      h[j] = apply_activation<float>(p.activation, gs[j], u, p.sw_alpha, p.sw_beta, p.sw_limit);
+      h[j] = apply_activation<float>(kAct, gs[j], u, p.sw_alpha, p.sw_beta, p.sw_limit);
     }
     // Round to bf16 after the activation, before requantisation (reference §2.4).
     fmt::round_bf16x2(h[0], h[1]);
     fmt::round_bf16x2(h[2], h[3]);
     *first = make_float4(h[0], h[1], h[2], h[3]);
+  }
+}
+template <int BN, int kBlock>
+__device__ __forceinline__ void fc1_epilogue_block(const MoeGemmParams& p, float* crow, int col0, int e,
+                                                   __nv_bfloat16* dst) {
+  switch (p.activation) {
+    case Activation::kSilu: fc1_activate_block<BN, kBlock, Activation::kSilu>(p, crow, col0); break;
+    case Activation::kGeluTanh: fc1_activate_block<BN, kBlock, Activation::kGeluTanh>(p, crow, col0); break;
+    case Activation::kSwigluOai: fc1_activate_block<BN, kBlock, Activation::kSwigluOai>(p, crow, col0); break;
+    case Activation::kRelu2: fc1_activate_block<BN, kBlock, Activation::kRelu2>(p, crow, col0); break;
   }
   float h[kBlock];
 #pragma unroll
