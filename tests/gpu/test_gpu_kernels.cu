@@ -351,5 +351,73 @@ TEST(GpuGridBarrier, ReusableAcrossPhasesLaunchesAndGraphReplays) {
   GPU_CHECK(cudaStreamDestroy(s));
 }
 
+
+// ---- The device forms of the formats' roundings and conversions ------------------------------------
+// The kernels' forms (fmt::e2m1_round and e4m3_round by a power-of-two add, round_bf16 and
+// round_bf16x2 by cvt.rn.bf16x2, e4m3_encode and e4m3_decode by the E4M3 conversions) against the
+// forms they stand for (decode of encode, the soft encoders and decoders, bf16_from_f32), on the
+// device, on every float whose exponent field is 100..140, both signs (every decision point of E2M1,
+// E4M3 and bf16 rounding within the quantisers' range, and its neighbours), and on the specials. The
+// CPU tests check the host's compilation of the same code; this one checks what the device runs.
+enum FormatCheck : int { kE2m1Round, kE4m3Round, kE4m3Encode, kRoundBf16, kRoundBf16x2, kE4m3Decode, kFormatChecks };
+struct FormatMismatch {
+  unsigned long long count[kFormatChecks];
+  uint32_t first[kFormatChecks];  // the input's bits (kE4m3Decode: the byte)
+};
+
+__device__ bool same_or_both_nan(float a, float b) {
+  return fmt::f32_bits(a) == fmt::f32_bits(b) || (fmt::is_nan(a) && fmt::is_nan(b));
+}
+__device__ void note_mismatch(FormatMismatch* m, int check, uint32_t input) {
+  if (atomicAdd(&m->count[check], 1ull) == 0) m->first[check] = input;  // the first to count it
+}
+__device__ void check_float(uint32_t u, FormatMismatch* m) {
+  const float x = fmt::bits_f32(u);
+  if (fmt::f32_bits(fmt::e2m1_round(x)) != fmt::f32_bits(fmt::e2m1_decode(fmt::e2m1_encode(x))))
+    note_mismatch(m, kE2m1Round, u);
+  if (fmt::f32_bits(fmt::e4m3_round(x)) != fmt::f32_bits(fmt::e4m3_decode_soft(fmt::e4m3_encode_soft(x))))
+    note_mismatch(m, kE4m3Round, u);
+  if (fmt::e4m3_encode(x) != fmt::e4m3_encode_soft(x)) note_mismatch(m, kE4m3Encode, u);
+  const float want = fmt::f32_from_bf16(fmt::bf16_from_f32(x));
+  if (!same_or_both_nan(fmt::round_bf16(x), want)) note_mismatch(m, kRoundBf16, u);
+  float a = x, b = -x;  // both halves of the pair conversion
+  fmt::round_bf16x2(a, b);
+  if (!same_or_both_nan(a, want) || !same_or_both_nan(b, fmt::f32_from_bf16(fmt::bf16_from_f32(-x))))
+    note_mismatch(m, kRoundBf16x2, u);
+}
+__global__ void format_forms_kernel(uint32_t first_exp, uint32_t end_exp, FormatMismatch* m) {
+  const uint64_t n = static_cast<uint64_t>(end_exp - first_exp) << 23;
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < 2 * n;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const uint32_t mag = static_cast<uint32_t>((first_exp << 23) + i % n);
+    check_float(i < n ? mag : mag | 0x80000000u, m);
+  }
+  if (blockIdx.x == 0) {
+    const uint32_t specials[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u, 0x007FFFFFu, 0x7F800000u,
+                                 0xFF800000u, 0x7F800001u, 0x7FC00000u, 0xFFC00000u, 0xFFFFFFFFu, 0x7F7FFFFFu,
+                                 0xFF7FFFFFu, 0x43E00000u, 0x43E80000u, 0xC3E80000u};  // 448, 464 (tie past 448)
+    for (int k = threadIdx.x; k < static_cast<int>(sizeof(specials) / 4); k += blockDim.x) check_float(specials[k], m);
+    const int byte = threadIdx.x;
+    if (byte < 256 && !same_or_both_nan(fmt::e4m3_decode(static_cast<uint8_t>(byte)),
+                                        fmt::e4m3_decode_soft(static_cast<uint8_t>(byte))))
+      note_mismatch(m, kE4m3Decode, static_cast<uint32_t>(byte));
+  }
+}
+
+TEST(GpuFormats, DeviceFormsEqualTheSoftForms) {
+  REQUIRE_SM90();
+  DeviceArray<FormatMismatch> m(1);
+  GPU_CHECK(cudaMemset(m.get(), 0, sizeof(FormatMismatch)));
+  int sms = 0;
+  GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  format_forms_kernel<<<sms * 8, 256>>>(100, 141, m.get());
+  GPU_CHECK(cudaGetLastError());
+  GPU_CHECK(cudaDeviceSynchronize());
+  const FormatMismatch h = m.download()[0];
+  const char* names[kFormatChecks] = {"e2m1_round", "e4m3_round", "e4m3_encode", "round_bf16", "round_bf16x2",
+                                      "e4m3_decode"};
+  for (int c = 0; c < kFormatChecks; ++c)
+    EXPECT_EQ(h.count[c], 0u) << names[c] << ": " << h.count[c] << " inputs differ, first 0x" << std::hex << h.first[c];
+}
 }  // namespace
 }  // namespace fp4moe
