@@ -30,15 +30,21 @@ __host__ __device__ inline int quant_block(QuantKind q) {
 // The dequantised element of a block: e2m1_decode(nvfp4_code(v, b)) (resp. mxfp4_code) through
 // fmt::e2m1_round, e4m3_decode(mxfp8_code(v, b)) through fmt::e4m3_round: a few instructions instead
 // of the code's comparisons and its decode; equal bit for bit (tests/cpu/test_formats.cpp, every float
-// near the grid). A block without codes (NaN, zero scale) gives +0, as code 0 does.
+// near the grid). A block without codes (NaN, zero scale) gives +0, as code 0 does. Branch-free: the
+// rounding runs for every element and the block's flag selects its result (written as the flag's
+// branch around the rounding, ptxas kept a branch an element, BSSY / BRA / BSYNC: session 40's SASS);
+// where the flag is off, the product is whatever it is and is not used.
 __device__ __forceinline__ float nvfp4_elem(float v, const fmt::Nvfp4Block& b) {
-  return b.encode ? fmt::e2m1_round(fmt::mul_rn(v, b.inv)) : 0.0f;
+  const float r = fmt::e2m1_round(fmt::mul_rn(v, b.inv));
+  return b.encode ? r : 0.0f;
 }
 __device__ __forceinline__ float mxfp4_elem(float v, const fmt::MxBlock& b) {
-  return b.encode ? fmt::e2m1_round(fmt::mul_rn(v, b.mul)) : 0.0f;
+  const float r = fmt::e2m1_round(fmt::mul_rn(v, b.mul));
+  return b.encode ? r : 0.0f;
 }
 __device__ __forceinline__ float mxfp8_elem(float v, const fmt::MxBlock& b) {
-  return b.encode ? fmt::e4m3_round(fmt::mul_rn(v, b.mul)) : 0.0f;
+  const float r = fmt::e4m3_round(fmt::mul_rn(v, b.mul));
+  return b.encode ? r : 0.0f;
 }
 
 // Quantise-dequantise one block of kBlock = quant_block(q) values, writing bf16.
