@@ -97,15 +97,11 @@ __device__ __forceinline__ void quant_dequant_lanes(QuantKind q, const float (&v
     for (int i = 0; i < kPer; ++i) out[i] = __float2bfloat16_rn(v[i]);
     return;
   }
-  int nan = fmt::is_nan(v[0]);
-  float amax = nan ? 0.0f : fmt::abs_f(v[0]);  // block_amax: NaN never raises amax
-#pragma unroll
-  for (int i = 1; i < kPer; ++i) {
-    const bool n = fmt::is_nan(v[i]);
-    nan |= n;
-    const float a = n ? 0.0f : fmt::abs_f(v[i]);
-    amax = a > amax ? a : amax;
-  }
+  // The lane's part as quant_dequant_block's (block_amax_bits); where a lane holds a NaN its amax is
+  // unspecified, but the reduced flag then makes the block's encoders return before reading it.
+  bool lane_nan;
+  float amax = fmt::block_amax_bits(v, kPer, &lane_nan);  // sets lane_nan: its own statement
+  int nan = lane_nan;
 #pragma unroll
   for (int o = kBlock / kPer / 2; o > 0; o >>= 1) {
     const float other = __shfl_xor_sync(0xffffffffu, amax, o);
