@@ -972,9 +972,10 @@ TEST(GpuDiagnostics, DISABLED_RegisterPathStagePerCta) {
 // or fewer MMAs a weight byte are the lever. Contents are irrelevant (zeros and ones): only the
 // time is read. kAccs = 2 alternates two accumulators between groups (no dependency between them).
 // kWithin: a group's MMA ks accumulates into accumulator ks % kAccs instead (the 4 MMAs of a group
-// are then kAccs independent chains, docs/wip/bm16-two-acc.patch): if that row is faster than one
-// accumulator, each wgmma waits for the one before it on the same registers longer than the tensor
-// pipe needs for it, and a stage's chain, not the pipe's rate, sets the decode stage.
+// are then kAccs independent chains). Session 41 (H100): no faster than one accumulator, and N = 8
+// no cheaper than N = 16 (~14.5 clocks an MMA an SM either way at 2 warpgroups x 2 CTAs; N = 64 34,
+// N = 128 68, ~93 % of the dense rate): two accumulators a stage and m64n8k16 at 16-row tiles both
+// measured slower in the decode GEMMs (bench/results/NOTES.md, "Session 41").
 template <int N, int kAccs, bool kWithin = false>
 __global__ void __launch_bounds__(256) wgmma_rs_rate_kernel(int groups, float* sink) {
   __shared__ __align__(1024) unsigned char sb[128 * 64 * 2];
