@@ -173,15 +173,6 @@ FP4MOE_HD uint8_t e2m1_encode(float x) {
   return static_cast<uint8_t>(mag | ((f32_bits(x) >> 28) & 8u));
 }
 
-// Round to the nearest integer, ties to even (the device's rint; the host's default rounding mode).
-FP4MOE_HD float rint_even(float x) {
-#if defined(__CUDA_ARCH__)
-  return rintf(x);
-#else
-  return std::nearbyint(x);
-#endif
-}
-
 // a + b and a - b rounded to nearest even, never fused or reassociated (the host's volatile keeps
 // the compiler from folding (a + b) - b to a).
 FP4MOE_HD float add_rn(float a, float b) {
@@ -266,11 +257,24 @@ FP4MOE_HD uint8_t e4m3_encode_soft(float x) {
   return static_cast<uint8_t>(sign | (e << 3) | m);
 }
 
+#if defined(__CUDACC__)
+// Two E4M3 bytes (the low, kHi = false, or high 16 bits of v) → f16x2, exact (sm_89+): the one
+// conversion both e4m3_decode and the kernels' fragment dequantisation (kernels::ptx::e4m3x2_to_f16x2)
+// use. The half is picked by a register split, which ptxas folds into the conversion's operand.
+template <bool kHi>
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2_bits(uint32_t v) {
+  uint32_t r;
+  if constexpr (kHi)
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(r) : "r"(v));
+  else
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(r) : "r"(v));
+  return r;
+}
+#endif
+
 FP4MOE_HD float e4m3_decode(uint8_t b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint32_t h2;
-  const uint16_t in = b;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
+  const uint32_t h2 = e4m3x2_to_f16x2_bits<false>(b);
   float f;
   asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.f32.f16 %0, lo;\n}" : "=f"(f) : "r"(h2));
   return f;

@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cstdint>
 
+#include "fp4moe/formats.h"
+
 namespace fp4moe::kernels::ptx {
 
 // Programmatic dependent launch (sm_90). A kernel launched with the programmatic-serialization
@@ -113,15 +115,11 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 #undef FP4MOE_MMA_16816
 }
 
-// Two E4M3 bytes (the low, kHi = false, or high 16 bits of v) → f16x2, exact (sm_89+).
+// Two E4M3 bytes (the low, kHi = false, or high 16 bits of v) → f16x2, exact (sm_89+;
+// fmt::e4m3x2_to_f16x2_bits).
 template <bool kHi>
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
-  uint32_t r;
-  if constexpr (kHi)
-    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(r) : "r"(v));
-  else
-    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(r) : "r"(v));
-  return r;
+  return fmt::e4m3x2_to_f16x2_bits<kHi>(v);
 }
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
