@@ -6,6 +6,7 @@
 // and the k-chunking that splits decode reductions.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <set>
@@ -165,6 +166,50 @@ TEST(FragmentLayout, F16WordsGiveEachCodeAsE4m3WorthTheCodeTimes2ToTheMinus6) {
         const uint32_t w = (around & ~(0xFu << (4 * pos))) | (v << (4 * pos));
         check(w);
       }
+  for (int i = 0; i < 200000; ++i) check(static_cast<uint32_t>(rng()));
+}
+
+// The bf16 word layout (fragment_layout.h): the four registers' bits come from disjoint storage
+// bits (the repack is a permutation of the word's bits), each register holds its two codes as bf16
+// bits worth code × 2^-126 (exact, E2M1's 0.5 as bf16's subnormal 2^-127), times the scale × 2^118
+// exactly code × scale × 2^-8 for every positive E4M3 scale, and the repack and its inverse are exact.
+TEST(FragmentLayout, Bf16WordsGiveEachCodeAsBf16WorthTheCodeTimes2ToTheMinus126) {
+  uint32_t covered = 0;
+  for (int b = 0; b < 4; ++b)
+    for (int t = 0; t < 32; ++t)
+      if ((kernels::kBf16wMask >> t) & 1u) {
+        const uint32_t bit = 1u << ((t + kernels::bf16w_rotation(b, t)) & 31);
+        ASSERT_EQ(covered & bit, 0u) << "register " << b << " bit " << t;
+        covered |= bit;
+      }
+  ASSERT_EQ(covered, 0xFFFFFFFFu);
+  auto bf16_value = [](uint32_t bits) { return static_cast<double>(fmt::f32_from_bf16(static_cast<uint16_t>(bits))); };
+  for (uint32_t n = 0; n < 16; ++n) {
+    const double code = fmt::e2m1_decode(static_cast<uint8_t>(n));
+    for (int h = 0; h < 2; ++h)
+      ASSERT_EQ(std::ldexp(bf16_value(kernels::e2m1_in_bf16_bits(n, h) >> (16 * h)), 126), code) << n;
+    for (int s = 1; s < 0x7F; ++s) {  // every positive finite E4M3 scale: the product is a bf16
+      const double scale = fmt::e4m3_decode(static_cast<uint8_t>(s));
+      const double p = code * std::ldexp(scale, -8);
+      ASSERT_EQ(static_cast<double>(fmt::round_bf16(static_cast<float>(p))), p) << n << " " << s;
+      ASSERT_GE(std::fabs(p), code == 0 ? 0.0 : std::ldexp(1.0, -126)) << "a normal bf16";
+    }
+  }
+  std::mt19937 rng(11);
+  auto check = [](uint32_t w) {
+    const uint32_t f = kernels::bf16_word_from_standard(w);
+    ASSERT_EQ(kernels::standard_word_from_bf16(f), w) << std::hex << w;
+    for (int b = 0; b < 4; ++b) {
+      const uint32_t reg = kernels::bf16w_register(f, b);
+      ASSERT_EQ(reg & ~kernels::kBf16wMask, 0u) << std::hex << w << " register " << b;
+      for (int h = 0; h < 2; ++h)
+        ASSERT_EQ(kernels::e2m1_from_bf16_bits(reg, h), (w >> (8 * b + 4 * h)) & 0xFu) << std::hex << w;
+    }
+  };
+  for (int pos = 0; pos < 8; ++pos)
+    for (uint32_t v = 0; v < 16; ++v)
+      for (uint32_t around : {0u, 0xFFFFFFFFu, static_cast<uint32_t>(rng())})
+        check((around & ~(0xFu << (4 * pos))) | (v << (4 * pos)));
   for (int i = 0; i < 200000; ++i) check(static_cast<uint32_t>(rng()));
 }
 

@@ -112,19 +112,113 @@ TEST(GpuFragDequant, TablesAndF16GiveCodeTimesScale) {
   check_format(false, 0x5eed02);
 }
 
-// Diagnostic, not a test of speed (the benchmark is): SM cycles of the register dequantisations per
-// warp k16 step at full occupancy (4 blocks of 8 warps on every SM), each step's four registers
-// folded into an accumulator so nothing is dead code. Session 19 (NOTES) read it with Nsight
-// Compute's pipe counters: the f16 path is bound by the ALU pipe (16 lanes a sub-partition, 2 cycles
-// a warp instruction; LOP3, SHF and the E4M3 conversions all go there), the tables by issue (ALU,
-// LSU and FMA-heavy pipes shared); both run a step in ~18 cycles per sub-partition.
-template <int kPath>  // 0: tables (frag_a_bf16), 1: f16 words (frag_a_f16), 2: none (the loop's own cost)
+// The bf16-word path (frag_a_bf16w, DeviceWeights::bf16_words): one warp per tile of bf16 words and
+// canonical scales (positive, or zero on all-zero codes), out as in frag_dequant_kernel.
+__global__ void frag_bf16w_kernel(const uint4* codes, const uint8_t* scales, uint32_t* out, uint32_t* out_mul) {
+  const kernels::Bf16wRot rot = kernels::Bf16wRot::make();
+  const int lane = threadIdx.x, tile = blockIdx.x;
+  const uint4 v = codes[tile * 32 + lane];
+  uint32_t slo, shi;
+  kernels::frag_scales(scales + tile * 16 * 4, 4, slo, shi);
+  const kernels::Bf16wScales sc = kernels::frag_scales_bf16w(slo, shi);
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  const int at = (tile * 32 + lane) * kRegs;
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    uint32_t a[4];
+    kernels::frag_a_bf16w(words[t], sc, t, a);
+    for (int r = 0; r < 4; ++r) out[at + 4 * t + r] = a[r];
+    kernels::frag_a_bf16w(words[t], sc, rot, t, a);  // the rotations as multiplications
+    for (int r = 0; r < 4; ++r) out_mul[at + 4 * t + r] = a[r];
+  }
+}
+
+// Random NVFP4 tiles with every kind of scale byte (negative, ±0, subnormal, the largest); the host
+// folds them as the repack does (a negative scale's sign into its block's codes, a zero scale's codes
+// to zero) and stores bf16 words. Every half of every register, × 2^8, equals code × scale of the
+// original bytes: exact through bf16's subnormal codes (E2M1's 0.5 is 2^-127 before the HMUL2).
+TEST(GpuFragDequant, Bf16WordsGiveCodeTimesScale) {
+  REQUIRE_GPU();
+  const int tiles = 64;
+  std::mt19937_64 rng(0x5eed03);
+  std::vector<uint32_t> words(static_cast<size_t>(tiles) * 32 * 4);
+  for (auto& w : words) w = static_cast<uint32_t>(rng());
+  std::vector<uint8_t> scales(static_cast<size_t>(tiles) * 16 * 4);
+  for (size_t i = 0; i < scales.size(); ++i) {
+    uint8_t s;
+    do s = static_cast<uint8_t>(rng());
+    while ((s & 0x7F) == 0x7F);
+    if (i % 97 == 0) s = 0x7E;  // 448, the largest
+    if (i % 89 == 0) s = static_cast<uint8_t>(i & 0x80);  // +0 / -0
+    scales[i] = s;
+  }
+  // Fold as the repack does, nibble by nibble through the layout's index map.
+  std::vector<uint32_t> folded(words.size());
+  for (int tile = 0; tile < tiles; ++tile)
+    for (int lane = 0; lane < 32; ++lane)
+      for (int t = 0; t < 4; ++t) {
+        const size_t wi = (static_cast<size_t>(tile) * 32 + lane) * 4 + t;
+        uint32_t w = words[wi];
+        for (int r = 0; r < 4; ++r) {
+          const kernels::FragmentSource src = kernels::weight_fragment_source(lane, t, r);
+          const uint8_t sbyte = scales[(static_cast<size_t>(tile) * 16 + src.row) * 4 + src.k / 16];
+          for (int h = 0; h < 2; ++h) {
+            const int sh = 8 * r + 4 * h;
+            uint32_t n = (w >> sh) & 0xF;
+            if ((sbyte & 0x7F) == 0) n = 0;
+            else if (sbyte & 0x80) n ^= 8;
+            w = (w & ~(0xFu << sh)) | (n << sh);
+          }
+        }
+        folded[wi] = kernels::bf16_word_from_standard(w);
+      }
+  std::vector<uint8_t> canon(scales);
+  for (auto& s : canon) s = (s & 0x7F) == 0 ? 0 : s & 0x7F;
+  DeviceArray<uint32_t> d_words(folded), d_out(words.size() * 4), d_out_mul(words.size() * 4);
+  DeviceArray<uint8_t> d_scales(canon);
+  frag_bf16w_kernel<<<tiles, 32>>>(reinterpret_cast<const uint4*>(d_words.get()), d_scales.get(), d_out.get(),
+                                   d_out_mul.get());
+  GPU_CHECK(cudaGetLastError());
+  GPU_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint32_t> out = d_out.download(), out_mul = d_out_mul.download();
+  EXPECT_EQ(out, out_mul) << "frag_a_bf16w with the rotations as multiplications";
+  int bad = 0, subnormal_codes = 0;
+  for (int tile = 0; tile < tiles; ++tile)
+    for (int lane = 0; lane < 32; ++lane)
+      for (int t = 0; t < 4; ++t)
+        for (int r = 0; r < 4; ++r) {
+          const kernels::FragmentSource src = kernels::weight_fragment_source(lane, t, r);
+          const uint32_t word = words[(static_cast<size_t>(tile) * 32 + lane) * 4 + t];
+          const uint8_t sbyte = scales[(static_cast<size_t>(tile) * 16 + src.row) * 4 + src.k / 16];
+          const size_t at = (static_cast<size_t>(tile) * 32 + lane) * kRegs + 4 * t + r;
+          for (int h = 0; h < 2; ++h) {
+            const uint8_t code = static_cast<uint8_t>((word >> (8 * r + 4 * h)) & 0xF);
+            subnormal_codes += (code & 7) == 1;
+            const double expect = fmt::e2m1_decode(code) * static_cast<double>(fmt::e4m3_decode(sbyte));
+            const double got = std::ldexp(fmt::f32_from_bf16(static_cast<uint16_t>(out[at] >> (16 * h))), 8);
+            if (got != expect && bad++ < 8)
+              ADD_FAILURE() << "bf16w tile " << tile << " lane " << lane << " step " << t << " reg " << r << " half "
+                            << h << " code " << int(code) << " scale 0x" << std::hex << int(sbyte) << std::dec
+                            << ": " << got << " != " << expect;
+          }
+        }
+  EXPECT_GT(subnormal_codes, 1000);
+  EXPECT_EQ(bad, 0);
+}
+
+// Diagnostic, not a test of speed (the benchmark is): SM clock cycles of the three register
+// dequantisations per k16 step at full occupancy (every SM, 8 warps a block, 4 blocks per SM),
+// each step's four registers folded into an accumulator so nothing is dead code. Prints cycles per
+// step and warp-instructions issued per step per SM sub-partition (lower is better).
+template <int kPath>  // 0: tables (frag_a_bf16), 1: f16 words, 2: bf16 words, 3: none (the loop's own cost),
+                      // 4: bf16 words with the rotations as multiplications
 __global__ void dequant_rate_kernel(const uint4* codes, const uint8_t* scales, int iters, uint32_t* sink,
                                     long long* cycles) {
   __shared__ kernels::FragTables tables;
-  if constexpr (kPath == 0) kernels::fill_frag_tables(tables, true, threadIdx.x, blockDim.x);
+  if constexpr (kPath == 0) kernels::fill_frag_tables(tables, true, threadIdx.x >> 5, blockDim.x >> 5);
   __syncthreads();
   const kernels::FragLut lut = kernels::frag_lut(tables);
+  const kernels::Bf16wRot rot = kernels::Bf16wRot::make();
   const int lane = threadIdx.x & 31;
   uint4 v = codes[lane];
   uint32_t slo, shi;
@@ -142,6 +236,22 @@ __global__ void dequant_rate_kernel(const uint4* codes, const uint8_t* scales, i
         x ^= a[0] ^ a[1] ^ a[2] ^ a[3];
       }
     } else if constexpr (kPath == 2) {
+      const kernels::Bf16wScales sc = kernels::frag_scales_bf16w(slo, shi);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        uint32_t a[4];
+        kernels::frag_a_bf16w(words[t], sc, t, a);
+        x ^= a[0] ^ a[1] ^ a[2] ^ a[3];
+      }
+    } else if constexpr (kPath == 4) {
+      const kernels::Bf16wScales sc = kernels::frag_scales_bf16w(slo, shi);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        uint32_t a[4];
+        kernels::frag_a_bf16w(words[t], sc, rot, t, a);
+        x ^= a[0] ^ a[1] ^ a[2] ^ a[3];
+      }
+    } else if constexpr (kPath == 3) {  // the loop and the fold alone
 #pragma unroll
       for (int t = 0; t < 4; ++t) x ^= words[t] ^ (slo + t) ^ shi;
     } else {
@@ -152,7 +262,7 @@ __global__ void dequant_rate_kernel(const uint4* codes, const uint8_t* scales, i
         x ^= a[0] ^ a[1] ^ a[2] ^ a[3];
       }
     }
-    // A new word and scales each iteration, from nothing the compiler can hoist.
+    // A new word and scales each iteration, dependent on nothing the compiler can hoist.
     v.x = __funnelshift_l(v.x, v.y, 1);
     v.y = __funnelshift_l(v.y, v.z, 1);
     v.z = __funnelshift_l(v.z, v.w, 1);
@@ -178,9 +288,14 @@ TEST(GpuDiagnostics, DISABLED_DequantRate) {
   DeviceArray<uint32_t> d_w(w), d_sink(static_cast<size_t>(blocks) * threads);
   DeviceArray<uint8_t> d_s(s);
   DeviceArray<long long> d_cycles(blocks);
-  const char* names[3] = {"tables (frag_a_bf16)", "f16 words (frag_a_f16)", "none (loop and fold)"};
-  for (int path = 0; path < 3; ++path) {
-    auto k = path == 0 ? dequant_rate_kernel<0> : path == 1 ? dequant_rate_kernel<1> : dequant_rate_kernel<2>;
+  const char* names[5] = {"tables (frag_a_bf16)", "f16 words (frag_a_f16)", "bf16 words (frag_a_bf16w)",
+                          "none (loop and fold)", "bf16 words, 2 IMAD rotations"};
+  for (int path = 0; path < 5; ++path) {
+    auto k = path == 0   ? dequant_rate_kernel<0>
+             : path == 1 ? dequant_rate_kernel<1>
+             : path == 2 ? dequant_rate_kernel<2>
+             : path == 3 ? dequant_rate_kernel<3>
+                         : dequant_rate_kernel<4>;
     for (int rep = 0; rep < 2; ++rep) {  // the first launch warms up
       k<<<blocks, threads>>>(reinterpret_cast<const uint4*>(d_w.get()), d_s.get(), iters, d_sink.get(),
                              d_cycles.get());
@@ -191,8 +306,9 @@ TEST(GpuDiagnostics, DISABLED_DequantRate) {
     double mean = 0;
     for (long long x : c) mean += static_cast<double>(x);
     mean /= static_cast<double>(c.size());
-    const double steps_per_sm = 4.0 * 8 * iters * 4;  // 4 blocks × 8 warps × iters × 4 steps, concurrently
-    std::printf("[dequant rate] %-24s %7.3f SM cycles per warp k16 step (%.2f per sub-partition)\n", names[path],
+    // Per SM: 4 blocks × 8 warps × iters × 4 steps, over `mean` cycles.
+    const double steps_per_sm = 4.0 * 8 * iters * 4;
+    std::printf("[dequant rate] %-28s %8.3f SM cycles per warp k16 step (%.2f per sub-partition)\n", names[path],
                 mean / steps_per_sm, 4.0 * mean / steps_per_sm);
   }
 }

@@ -98,6 +98,80 @@ __device__ __forceinline__ void frag_a_f16(uint32_t word, const F16Scales& sc, i
   a[3] = hmul2_f16_bits(ptx::e4m3x2_to_f16x2<true>(x23), s_hi);   // row g+8, k 2c+8
 }
 
+// The bf16-word path's block scales of one tile (NVFP4, E4M3 bytes as frag_scales returns them),
+// each as bf16 worth the scale × 2^118, converted once per tile like F16Scales: s[0] = rows g, k16
+// steps (0, 1), s[1] = rows g, steps (2, 3), s[2], s[3] the same for rows g+8. E4M3x2 → f16x2 is
+// exact, and an E4M3 value's f16 has zeros in its 7 low mantissa bits; so (h >> 3) puts each half's
+// exponent and mantissa at bf16's positions (the high half's low zero bits shift into the low
+// half's top) and + 230 per exponent field (127 - 15 + 118) rebiases: ≤ 253 for E4M3's largest
+// 448, no carry between halves. Needs scales ≥ +0 and a zero scale only on all-zero codes, which
+// the host's repack guarantees (DeviceWeights::bf16_words: negative scales fold their sign into the
+// codes, a zero scale's block is zeroed); a zero scale becomes 2^103, times zero codes.
+struct Bf16wScales {
+  uint32_t s[4];
+};
+template <bool kHi>
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2_2p118(uint32_t v) {
+  return (ptx::e4m3x2_to_f16x2<kHi>(v) >> 3) + 0x73007300u;
+}
+__device__ __forceinline__ Bf16wScales frag_scales_bf16w(uint32_t slo, uint32_t shi) {
+  return {{e4m3x2_to_bf16x2_2p118<false>(slo), e4m3x2_to_bf16x2_2p118<true>(slo), e4m3x2_to_bf16x2_2p118<false>(shi),
+           e4m3x2_to_bf16x2_2p118<true>(shi)}};
+}
+// Half h of the bf16x2 word w in both halves (a constant h folds into the HMUL2's operand).
+__device__ __forceinline__ uint32_t bf16_broadcast(uint32_t w, int h) {
+  const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&w);
+  const __nv_bfloat162 r = h ? __high2bfloat162(v) : __low2bfloat162(v);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// k16 step t, bf16 from a bf16 word (fragment_layout.h, DeviceWeights::bf16_words): the four
+// registers' codes as bf16 worth code × 2^-126 (three funnel-shift rotations, five LOP3), each times
+// its row's scale × 2^118: code × scale × 2^-8 (the caller multiplies its fp32 result by 2^8).
+// 13 instructions a step against frag_a_bf16's ~22 (8 PRMT, 6 address adds, 6 LDS, 4 HMUL2).
+__device__ __forceinline__ void frag_a_bf16w(uint32_t word, const Bf16wScales& sc, int t, uint32_t (&a)[4]) {
+  const uint32_t s_lo = bf16_broadcast(sc.s[t >> 1], t & 1);  // (s, s) of row g
+  const uint32_t s_hi = bf16_broadcast(sc.s[2 + (t >> 1)], t & 1);
+  const uint32_t r8 = __funnelshift_r(word, word, 8) & kBf16wA3Rot;
+  a[0] = hmul2_bf16_bits(__funnelshift_r(word, word, 10) & kBf16wMask, s_lo);  // row g,   k 2c
+  a[1] = hmul2_bf16_bits(__funnelshift_r(word, word, 4) & kBf16wMask, s_hi);   // row g+8, k 2c
+  a[2] = hmul2_bf16_bits(__funnelshift_r(word, word, 14) & kBf16wMask, s_lo);  // row g,   k 2c+8
+  a[3] = hmul2_bf16_bits((word & (kBf16wMask & ~kBf16wA3Rot)) | r8, s_hi);     // row g+8, k 2c+8
+}
+
+// frag_a_bf16w with two of its rotations on the FMA pipe: rotr(w, d) is the two halves of the 64-bit
+// product w · 2^(32 - d) (IMAD.WIDE.U32: low word w << (32 - d), high word w >> d), OR-ed by the
+// masking LOP3 itself, so a step issues 7 ALU-pipe instructions instead of 9 (the ALU pipe, 16 lanes
+// a sub-partition, bounds frag_a_bf16w and frag_a_f16: GpuDiagnostics.DequantRate, NOTES session 19;
+// all four as IMAD.WIDE moved the limit to the FMA-heavy pipe and ran slower).
+// `m`: the multipliers 2^22, 2^28, 2^18, 2^24 (rotations 10, 4, 14, 8) in registers, made opaque to
+// ptxas (Bf16wRot::make) so that it keeps the multiplications rather than turn them into shifts.
+struct Bf16wRot {
+  uint32_t m[4];
+  __device__ __forceinline__ static Bf16wRot make() {
+    Bf16wRot r;
+    asm volatile("mov.b32 %0, 0x00400000;" : "=r"(r.m[0]));
+    asm volatile("mov.b32 %0, 0x10000000;" : "=r"(r.m[1]));
+    asm volatile("mov.b32 %0, 0x00040000;" : "=r"(r.m[2]));
+    asm volatile("mov.b32 %0, 0x01000000;" : "=r"(r.m[3]));
+    return r;
+  }
+};
+__device__ __forceinline__ uint32_t rot_mask(uint32_t w, uint32_t m, uint32_t mask) {
+  uint32_t lo, hi;
+  asm("{\n .reg .b64 t;\n mul.wide.u32 t, %2, %3;\n mov.b64 {%0, %1}, t;\n}" : "=r"(lo), "=r"(hi) : "r"(w), "r"(m));
+  return (lo | hi) & mask;
+}
+__device__ __forceinline__ void frag_a_bf16w(uint32_t word, const Bf16wScales& sc, const Bf16wRot& rot, int t,
+                                             uint32_t (&a)[4]) {
+  const uint32_t s_lo = bf16_broadcast(sc.s[t >> 1], t & 1);
+  const uint32_t s_hi = bf16_broadcast(sc.s[2 + (t >> 1)], t & 1);
+  const uint32_t r8 = __funnelshift_r(word, word, 8) & kBf16wA3Rot;
+  a[0] = hmul2_bf16_bits(rot_mask(word, rot.m[0], kBf16wMask), s_lo);
+  a[1] = hmul2_bf16_bits(__funnelshift_r(word, word, 4) & kBf16wMask, s_hi);
+  a[2] = hmul2_bf16_bits(rot_mask(word, rot.m[2], kBf16wMask), s_lo);
+  a[3] = hmul2_bf16_bits((word & (kBf16wMask & ~kBf16wA3Rot)) | r8, s_hi);
+}
 // The per-lane columns of both tables as shared-memory addresses, taken once per kernel (or loop):
 // a lookup is then byte extract (PRMT) + address (LEA: base + byte · row stride) + LDS, with no
 // generic-to-shared conversion or 64-bit index math per use.

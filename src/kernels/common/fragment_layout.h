@@ -72,6 +72,65 @@ FP4MOE_HD uint32_t standard_word_from_f16(uint32_t w) {
   return r;
 }
 
+// The bf16 word layout (NVFP4 weights with bf16 operands: a16, a8). Each E2M1 code (s e1 e0 m) is
+// placed straight into a bf16 half as s → bit 15, e1 e0 m → bits 8..6 (exponent field 0..3 and the
+// first mantissa bit), whose value is exactly the code × 2^-126 (E2M1's subnormal 0.5 lands on
+// bf16's subnormal 2^-127); one HMUL2 by the block scale × 2^118 (frag_scales_bf16w) then gives
+// code × scale × 2^-8, a normal bf16 for every code and positive scale. No table loads, no
+// conversion instruction.
+// Register b of a k16 step (nibbles 2b, 2b + 1 of the standard word in its low and high half) needs
+// its 8 bits at kBf16wMask. No rotation of one word can put all four registers' bits there (the
+// masks' translates do not tile 32 bits), so the host stores the word so that three registers are a
+// rotation and a mask each and the fourth takes two groups, 9 instructions a word:
+//   a0 = rotr(w, 10) & M,  a1 = rotr(w, 4) & M,  a2 = rotr(w, 14) & M,
+//   a3 = (w & (M without bits 6, 22)) | (rotr(w, 8) & bits 6, 22)
+// (rotr(w, d): bit t takes bit (t + d) mod 32). The storage bit of a target bit t of register b is
+// (t + bf16w_rotation(b, t)) mod 32; the four registers' storage bits cover the word once each.
+inline constexpr uint32_t kBf16wMask = 0x81C081C0u;  // bits 15, 8, 7, 6 of both halves
+inline constexpr uint32_t kBf16wA3Rot = 0x00400040u;  // a3's bits taken from rotr(w, 8): the m bits
+FP4MOE_HD uint32_t rotr32(uint32_t w, int d) { return d == 0 ? w : (w >> d) | (w << (32 - d)); }
+FP4MOE_HD int bf16w_rotation(int b, int t) {
+  switch (b) {
+    case 0: return 10;
+    case 1: return 4;
+    case 2: return 14;
+    default: return ((kBf16wA3Rot >> t) & 1u) ? 8 : 0;
+  }
+}
+// Register b's bf16x2 bits (code × 2^-126 in each half) from a bf16 word; on the device through
+// bf16w_registers (frag_dequant.cuh), which issues the rotations as funnel shifts.
+FP4MOE_HD uint32_t bf16w_register(uint32_t w, int b) {
+  if (b < 3) return rotr32(w, bf16w_rotation(b, 6)) & kBf16wMask;
+  return (w & (kBf16wMask & ~kBf16wA3Rot)) | (rotr32(w, 8) & kBf16wA3Rot);
+}
+// Nibble n (s e1 e0 m) at bits 15, 8, 7, 6 of a half (h = 0 low, 1 high), and back.
+FP4MOE_HD uint32_t e2m1_in_bf16_bits(uint32_t n, int h) {
+  return (((n & 8u) << 12) | ((n & 7u) << 6)) << (16 * h);
+}
+FP4MOE_HD uint32_t e2m1_from_bf16_bits(uint32_t r, int h) {
+  const uint32_t v = r >> (16 * h);
+  return ((v >> 12) & 8u) | ((v >> 6) & 7u);
+}
+// Standard word ↔ bf16 word (the host repack; generic and the bf16 copy's pre-pass read bf16 words
+// back as standard ones).
+FP4MOE_HD uint32_t bf16_word_from_standard(uint32_t w) {
+  uint32_t r = 0;
+  for (int b = 0; b < 4; ++b) {
+    const uint32_t reg = e2m1_in_bf16_bits((w >> (8 * b)) & 0xFu, 0) | e2m1_in_bf16_bits((w >> (8 * b + 4)) & 0xFu, 1);
+    for (int t = 0; t < 32; ++t)
+      if ((kBf16wMask >> t) & 1u) r |= ((reg >> t) & 1u) << ((t + bf16w_rotation(b, t)) & 31);
+  }
+  return r;
+}
+FP4MOE_HD uint32_t standard_word_from_bf16(uint32_t w) {
+  uint32_t r = 0;
+  for (int b = 0; b < 4; ++b) {
+    const uint32_t reg = bf16w_register(w, b);
+    r |= (e2m1_from_bf16_bits(reg, 0) | (e2m1_from_bf16_bits(reg, 1) << 4)) << (8 * b);
+  }
+  return r;
+}
+
 inline constexpr int kMaxKChunks = 8;  // k_chunk_count's cap on max_chunks
 
 // How many chunks to cut KT k-tiles into for `tiles` independent row tiles whose tiles · chunks
