@@ -114,8 +114,7 @@ TEST(GpuFragDequant, TablesAndF16GiveCodeTimesScale) {
 
 // The bf16-word path (frag_a_bf16w, DeviceWeights::bf16_words): one warp per tile of bf16 words and
 // canonical scales (positive, or zero on all-zero codes), out as in frag_dequant_kernel.
-__global__ void frag_bf16w_kernel(const uint4* codes, const uint8_t* scales, uint32_t* out, uint32_t* out_mul) {
-  const kernels::Bf16wRot rot = kernels::Bf16wRot::make();
+__global__ void frag_bf16w_kernel(const uint4* codes, const uint8_t* scales, uint32_t* out) {
   const int lane = threadIdx.x, tile = blockIdx.x;
   const uint4 v = codes[tile * 32 + lane];
   uint32_t slo, shi;
@@ -128,8 +127,6 @@ __global__ void frag_bf16w_kernel(const uint4* codes, const uint8_t* scales, uin
     uint32_t a[4];
     kernels::frag_a_bf16w(words[t], sc, t, a);
     for (int r = 0; r < 4; ++r) out[at + 4 * t + r] = a[r];
-    kernels::frag_a_bf16w(words[t], sc, rot, t, a);  // the rotations as multiplications
-    for (int r = 0; r < 4; ++r) out_mul[at + 4 * t + r] = a[r];
   }
 }
 
@@ -174,14 +171,12 @@ TEST(GpuFragDequant, Bf16WordsGiveCodeTimesScale) {
       }
   std::vector<uint8_t> canon(scales);
   for (auto& s : canon) s = (s & 0x7F) == 0 ? 0 : s & 0x7F;
-  DeviceArray<uint32_t> d_words(folded), d_out(words.size() * 4), d_out_mul(words.size() * 4);
+  DeviceArray<uint32_t> d_words(folded), d_out(words.size() * 4);
   DeviceArray<uint8_t> d_scales(canon);
-  frag_bf16w_kernel<<<tiles, 32>>>(reinterpret_cast<const uint4*>(d_words.get()), d_scales.get(), d_out.get(),
-                                   d_out_mul.get());
+  frag_bf16w_kernel<<<tiles, 32>>>(reinterpret_cast<const uint4*>(d_words.get()), d_scales.get(), d_out.get());
   GPU_CHECK(cudaGetLastError());
   GPU_CHECK(cudaDeviceSynchronize());
-  const std::vector<uint32_t> out = d_out.download(), out_mul = d_out_mul.download();
-  EXPECT_EQ(out, out_mul) << "frag_a_bf16w with the rotations as multiplications";
+  const std::vector<uint32_t> out = d_out.download();
   int bad = 0, subnormal_codes = 0;
   for (int tile = 0; tile < tiles; ++tile)
     for (int lane = 0; lane < 32; ++lane)
@@ -210,15 +205,13 @@ TEST(GpuFragDequant, Bf16WordsGiveCodeTimesScale) {
 // dequantisations per k16 step at full occupancy (every SM, 8 warps a block, 4 blocks per SM),
 // each step's four registers folded into an accumulator so nothing is dead code. Prints cycles per
 // step and warp-instructions issued per step per SM sub-partition (lower is better).
-template <int kPath>  // 0: tables (frag_a_bf16), 1: f16 words, 2: bf16 words, 3: none (the loop's own cost),
-                      // 4: bf16 words with the rotations as multiplications
+template <int kPath>  // 0: tables (frag_a_bf16), 1: f16 words, 2: bf16 words, 3: none (the loop's own cost)
 __global__ void dequant_rate_kernel(const uint4* codes, const uint8_t* scales, int iters, uint32_t* sink,
                                     long long* cycles) {
   __shared__ kernels::FragTables tables;
   if constexpr (kPath == 0) kernels::fill_frag_tables(tables, true, threadIdx.x >> 5, blockDim.x >> 5);
   __syncthreads();
   const kernels::FragLut lut = kernels::frag_lut(tables);
-  const kernels::Bf16wRot rot = kernels::Bf16wRot::make();
   const int lane = threadIdx.x & 31;
   uint4 v = codes[lane];
   uint32_t slo, shi;
@@ -241,14 +234,6 @@ __global__ void dequant_rate_kernel(const uint4* codes, const uint8_t* scales, i
       for (int t = 0; t < 4; ++t) {
         uint32_t a[4];
         kernels::frag_a_bf16w(words[t], sc, t, a);
-        x ^= a[0] ^ a[1] ^ a[2] ^ a[3];
-      }
-    } else if constexpr (kPath == 4) {
-      const kernels::Bf16wScales sc = kernels::frag_scales_bf16w(slo, shi);
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        uint32_t a[4];
-        kernels::frag_a_bf16w(words[t], sc, rot, t, a);
         x ^= a[0] ^ a[1] ^ a[2] ^ a[3];
       }
     } else if constexpr (kPath == 3) {  // the loop and the fold alone
@@ -288,14 +273,13 @@ TEST(GpuDiagnostics, DISABLED_DequantRate) {
   DeviceArray<uint32_t> d_w(w), d_sink(static_cast<size_t>(blocks) * threads);
   DeviceArray<uint8_t> d_s(s);
   DeviceArray<long long> d_cycles(blocks);
-  const char* names[5] = {"tables (frag_a_bf16)", "f16 words (frag_a_f16)", "bf16 words (frag_a_bf16w)",
-                          "none (loop and fold)", "bf16 words, 2 IMAD rotations"};
-  for (int path = 0; path < 5; ++path) {
+  const char* names[4] = {"tables (frag_a_bf16)", "f16 words (frag_a_f16)", "bf16 words (frag_a_bf16w)",
+                          "none (loop and fold)"};
+  for (int path = 0; path < 4; ++path) {
     auto k = path == 0   ? dequant_rate_kernel<0>
              : path == 1 ? dequant_rate_kernel<1>
              : path == 2 ? dequant_rate_kernel<2>
-             : path == 3 ? dequant_rate_kernel<3>
-                         : dequant_rate_kernel<4>;
+                         : dequant_rate_kernel<3>;
     for (int rep = 0; rep < 2; ++rep) {  // the first launch warms up
       k<<<blocks, threads>>>(reinterpret_cast<const uint4*>(d_w.get()), d_s.get(), iters, d_sink.get(),
                              d_cycles.get());

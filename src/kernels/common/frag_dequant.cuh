@@ -139,39 +139,7 @@ __device__ __forceinline__ void frag_a_bf16w(uint32_t word, const Bf16wScales& s
   a[3] = hmul2_bf16_bits((word & (kBf16wMask & ~kBf16wA3Rot)) | r8, s_hi);     // row g+8, k 2c+8
 }
 
-// frag_a_bf16w with two of its rotations on the FMA pipe: rotr(w, d) is the two halves of the 64-bit
-// product w · 2^(32 - d) (IMAD.WIDE.U32: low word w << (32 - d), high word w >> d), OR-ed by the
-// masking LOP3 itself, so a step issues 7 ALU-pipe instructions instead of 9 (the ALU pipe, 16 lanes
-// a sub-partition, bounds frag_a_bf16w and frag_a_f16: GpuDiagnostics.DequantRate, NOTES session 19;
-// all four as IMAD.WIDE moved the limit to the FMA-heavy pipe and ran slower).
-// `m`: the multipliers 2^22, 2^28, 2^18, 2^24 (rotations 10, 4, 14, 8) in registers, made opaque to
-// ptxas (Bf16wRot::make) so that it keeps the multiplications rather than turn them into shifts.
-struct Bf16wRot {
-  uint32_t m[4];
-  __device__ __forceinline__ static Bf16wRot make() {
-    Bf16wRot r;
-    asm volatile("mov.b32 %0, 0x00400000;" : "=r"(r.m[0]));
-    asm volatile("mov.b32 %0, 0x10000000;" : "=r"(r.m[1]));
-    asm volatile("mov.b32 %0, 0x00040000;" : "=r"(r.m[2]));
-    asm volatile("mov.b32 %0, 0x01000000;" : "=r"(r.m[3]));
-    return r;
-  }
-};
-__device__ __forceinline__ uint32_t rot_mask(uint32_t w, uint32_t m, uint32_t mask) {
-  uint32_t lo, hi;
-  asm("{\n .reg .b64 t;\n mul.wide.u32 t, %2, %3;\n mov.b64 {%0, %1}, t;\n}" : "=r"(lo), "=r"(hi) : "r"(w), "r"(m));
-  return (lo | hi) & mask;
-}
-__device__ __forceinline__ void frag_a_bf16w(uint32_t word, const Bf16wScales& sc, const Bf16wRot& rot, int t,
-                                             uint32_t (&a)[4]) {
-  const uint32_t s_lo = bf16_broadcast(sc.s[t >> 1], t & 1);
-  const uint32_t s_hi = bf16_broadcast(sc.s[2 + (t >> 1)], t & 1);
-  const uint32_t r8 = __funnelshift_r(word, word, 8) & kBf16wA3Rot;
-  a[0] = hmul2_bf16_bits(rot_mask(word, rot.m[0], kBf16wMask), s_lo);
-  a[1] = hmul2_bf16_bits(__funnelshift_r(word, word, 4) & kBf16wMask, s_hi);
-  a[2] = hmul2_bf16_bits(rot_mask(word, rot.m[2], kBf16wMask), s_lo);
-  a[3] = hmul2_bf16_bits((word & (kBf16wMask & ~kBf16wA3Rot)) | r8, s_hi);
-}
+
 // The per-lane columns of both tables as shared-memory addresses, taken once per kernel (or loop):
 // a lookup is then byte extract (PRMT) + address (LEA: base + byte · row stride) + LDS, with no
 // generic-to-shared conversion or 64-bit index math per use.

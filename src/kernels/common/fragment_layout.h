@@ -97,8 +97,8 @@ FP4MOE_HD int bf16w_rotation(int b, int t) {
     default: return ((kBf16wA3Rot >> t) & 1u) ? 8 : 0;
   }
 }
-// Register b's bf16x2 bits (code × 2^-126 in each half) from a bf16 word; on the device through
-// bf16w_registers (frag_dequant.cuh), which issues the rotations as funnel shifts.
+// Register b's bf16x2 bits (code × 2^-126 in each half) from a bf16 word; on the device
+// frag_a_bf16w (frag_dequant.cuh) issues the rotations as funnel shifts.
 FP4MOE_HD uint32_t bf16w_register(uint32_t w, int b) {
   if (b < 3) return rotr32(w, bf16w_rotation(b, 6)) & kBf16wMask;
   return (w & (kBf16wMask & ~kBf16wA3Rot)) | (rotr32(w, 8) & kBf16wA3Rot);
