@@ -18,8 +18,9 @@ namespace {
 // or -1 for a padding row.
 // Every byte is written here (padding rows and columns as zeros), by the expert's task: the staging
 // buffers come uninitialised (StagingBytes).
+// fold_signs: fold_scale_signs on each row (NVFP4 on bf16 words, DeviceWeights::bf16_words).
 void pad_projection(const QuantizedProjection& p, int rows_pad, int k_pad, const auto& row_of, StagingBytes& codes,
-                    StagingBytes& scales, int threads) {
+                    StagingBytes& scales, bool fold_signs, int threads) {
   const int bs = p.block();
   const int64_t src_cb = p.cols / 2, dst_cb = k_pad / 2, src_sc = p.cols / bs, dst_sc = k_pad / bs;
   codes.resize(static_cast<size_t>(p.experts) * rows_pad * dst_cb);
@@ -40,6 +41,7 @@ void pad_projection(const QuantizedProjection& p, int rows_pad, int k_pad, const
       std::memset(dc + src_cb, 0, dst_cb - src_cb);
       std::memcpy(ds, &p.scales[src * src_sc], src_sc);
       std::memset(ds + src_sc, 0, dst_sc - src_sc);
+      if (fold_signs) fold_scale_signs(dc, ds, 1, k_pad, bs);
     }
   });
 }
@@ -52,13 +54,27 @@ DeviceBuffer upload(const void* host, size_t bytes, const char* what) {
 
 }  // namespace
 
+void fold_scale_signs(uint8_t* codes, uint8_t* scales, int64_t rows, int k, int bs) {
+  const int64_t blocks = rows * (k / bs);
+  for (int64_t j = 0; j < blocks; ++j) {
+    uint8_t* block = codes + j * (bs / 2);
+    if ((scales[j] & 0x7F) == 0) {
+      std::memset(block, 0, bs / 2);
+      scales[j] = 0;
+    } else if (scales[j] & 0x80) {
+      for (int b = 0; b < bs / 2; ++b) block[b] ^= 0x88;  // both codes' sign bits
+      scales[j] &= 0x7F;
+    }
+  }
+}
+
 namespace {
 
 // Both overloads: every byte of fcodes and fscales is written (a permutation of the tiles' bytes),
 // so resize's value-initialisation (std::vector) or its absence (StagingBytes) does not show.
 template <class Bytes>
 void fragment_order(const Bytes& codes, const Bytes& scales, int experts, int rows, int k, int bs, Bytes& fcodes,
-                    Bytes& fscales, bool f16_words, int threads) {
+                    Bytes& fscales, kernels::WordLayout words, int threads) {
   const int RT = rows / 16, KT = k / 64, sb = 64 / bs;
   const int64_t row_bytes = k / 2;
   fcodes.resize(codes.size());
@@ -81,11 +97,11 @@ void fragment_order(const Bytes& codes, const Bytes& scales, int experts, int ro
       const uint8_t* src = block_rows + kt * 32;  // k = 64·kt: code byte 32·kt
       uint8_t* dst = &fcodes[tile * 512];
       for (int i = 0; i < 512; ++i) dst[i] = src[from[i]];
-      if (f16_words)  // little-endian words, as the kernels load them
+      if (words != kernels::WordLayout::kStandard)  // little-endian words, as the kernels load them
         for (int w = 0; w < 128; ++w) {
           uint32_t v;
           std::memcpy(&v, dst + 4 * w, 4);
-          v = kernels::f16_word_from_standard(v);
+          v = kernels::word_from_standard(v, words);
           std::memcpy(dst + 4 * w, &v, 4);
         }
       for (int r = 0; r < 16; ++r)
@@ -98,13 +114,13 @@ void fragment_order(const Bytes& codes, const Bytes& scales, int experts, int ro
 }  // namespace
 
 void to_fragment_order(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales, int experts, int rows,
-                       int k, int bs, std::vector<uint8_t>& fcodes, std::vector<uint8_t>& fscales, bool f16_words,
-                       int threads) {
-  fragment_order(codes, scales, experts, rows, k, bs, fcodes, fscales, f16_words, threads);
+                       int k, int bs, std::vector<uint8_t>& fcodes, std::vector<uint8_t>& fscales,
+                       kernels::WordLayout words, int threads) {
+  fragment_order(codes, scales, experts, rows, k, bs, fcodes, fscales, words, threads);
 }
 void to_fragment_order(const StagingBytes& codes, const StagingBytes& scales, int experts, int rows, int k, int bs,
-                       StagingBytes& fcodes, StagingBytes& fscales, bool f16_words, int threads) {
-  fragment_order(codes, scales, experts, rows, k, bs, fcodes, fscales, f16_words, threads);
+                       StagingBytes& fcodes, StagingBytes& fscales, kernels::WordLayout words, int threads) {
+  fragment_order(codes, scales, experts, rows, k, bs, fcodes, fscales, words, threads);
 }
 
 std::shared_ptr<const DeviceWeights> upload_weights(const MoeConfig& c, const QuantizedCheckpoint& w, int device, int threads) {
@@ -136,13 +152,18 @@ std::shared_ptr<const DeviceWeights> upload_weights(const MoeConfig& c, const Qu
   };
   StagingBytes fcodes, fscales;
   const int bs = w.w13.block();
-  pad_projection(w.w13, d->n1_pad, d->h_pad, w13_row, codes, scales, threads);
+  pad_projection(w.w13, d->n1_pad, d->h_pad, w13_row, codes, scales, bf16_word_operands(c), threads);
   d->f16_words = f16_operands(c);
-  to_fragment_order(codes, scales, EL, d->n1_pad, d->h_pad, bs, fcodes, fscales, d->f16_words, threads);
+  d->bf16_words = bf16_word_operands(c);
+  const kernels::WordLayout words = d->f16_words    ? kernels::WordLayout::kF16
+                                    : d->bf16_words ? kernels::WordLayout::kBf16
+                                                    : kernels::WordLayout::kStandard;
+  to_fragment_order(codes, scales, EL, d->n1_pad, d->h_pad, bs, fcodes, fscales, words, threads);
   d->w13_frag = upload(fcodes.data(), fcodes.size(), "w13.frag");
   d->w13_frag_scales = upload(fscales.data(), fscales.size(), "w13.frag_scales");
-  pad_projection(w.w2, d->h_pad, d->i_pad, [&](int r) { return r < c.hidden ? r : -1; }, codes, scales, threads);
-  to_fragment_order(codes, scales, EL, d->h_pad, d->i_pad, bs, fcodes, fscales, d->f16_words, threads);
+  pad_projection(w.w2, d->h_pad, d->i_pad, [&](int r) { return r < c.hidden ? r : -1; }, codes, scales,
+                 bf16_word_operands(c), threads);
+  to_fragment_order(codes, scales, EL, d->h_pad, d->i_pad, bs, fcodes, fscales, words, threads);
   d->w2_frag = upload(fcodes.data(), fcodes.size(), "w2.frag");
   d->w2_frag_scales = upload(fscales.data(), fscales.size(), "w2.frag_scales");
 

@@ -15,6 +15,7 @@
 
 #include "fp4moe/config.h"
 #include "host/cuda_check.h"
+#include "kernels/common/fragment_layout.h"
 
 namespace fp4moe::gpu {
 
@@ -39,6 +40,11 @@ struct DeviceWeights {
   // (f16_operands: NVFP4-a4). Kernels that read bytes (generic, the bf16 copy's pre-pass) convert
   // the words back (MoeGemmParams::f16_words).
   bool f16_words = false;
+  // Each word as kernels::bf16_word_from_standard (the codes straight in bf16 bits, frag_a_bf16w): set
+  // for NVFP4 weights with bf16 operands (bf16_word_operands: a16, a8), whose block scales are then
+  // stored ≥ +0 (a negative scale's sign folded into its block's codes, a zero scale's codes zeroed:
+  // the same code × scale products for every reader), as frag_scales_bf16w needs.
+  bool bf16_words = false;
   size_t bytes = 0;      // total device bytes
 };
 
@@ -59,15 +65,23 @@ struct DefaultInitAllocator : std::allocator<T> {
 using StagingBytes = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
 
 // [E][rows][k/2] codes + [E][rows][k/bs] scales (rows % 16 == 0, k % 64 == 0) → the fragment order
-// above (fcodes, fscales); f16_words: each code word as kernels::f16_word_from_standard. Runs on up
+// above (fcodes, fscales); words: each code word as kernels::word_from_standard. Runs on up
 // to `threads` host threads (0: all), one (expert, row tile) at a time: a DeepSeek-V3 layer's 5.6 GB
 // of codes took ~21 s on one thread (260 MB/s, session 16).
 void to_fragment_order(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales, int experts, int rows,
                        int k, int bs, std::vector<uint8_t>& fcodes, std::vector<uint8_t>& fscales,
-                       bool f16_words = false, int threads = 0);
+                       kernels::WordLayout words = kernels::WordLayout::kStandard, int threads = 0);
 // The same from and into staging buffers (upload_weights): every output byte is written once.
 void to_fragment_order(const StagingBytes& codes, const StagingBytes& scales, int experts, int rows, int k, int bs,
-                       StagingBytes& fcodes, StagingBytes& fscales, bool f16_words = false, int threads = 0);
+                       StagingBytes& fcodes, StagingBytes& fscales,
+                       kernels::WordLayout words = kernels::WordLayout::kStandard, int threads = 0);
+
+// NVFP4 weights on bf16 words (DeviceWeights::bf16_words): `rows` rows of k codes (k / 2 bytes) and
+// k / bs E4M3 scale bytes each, in place: a block with a negative scale takes the sign into its codes
+// (each E2M1 sign bit flipped, the scale stored as |scale|) and a zero scale's codes become +0, so
+// every product code × scale stays what it was (up to the sign of a zero) and every scale is ≥ +0,
+// as frag_scales_bf16w needs.
+void fold_scale_signs(uint8_t* codes, uint8_t* scales, int64_t rows, int k, int bs);
 
 // Padding granularity of H and I in the device layouts (the generic GEMM's tile sizes).
 inline constexpr int kPadH = 64;

@@ -56,6 +56,11 @@ struct DependentLaunch {
 // NVFP4 weights with NVFP4 activations (mode a4): every operand value is exact in f16
 // (docs/numerics.md), so direct_micro and dynamic's register path run these calls on f16 tensor cores.
 inline bool f16_operands(const MoeConfig& c) { return c.format == WeightFormat::kNVFP4 && c.mode == ActMode::kA4; }
+// NVFP4 weights with bf16 operands (a16, a8): the codes are stored as bf16 words (DeviceWeights::
+// bf16_words), which the register path and direct_micro dequantise with one HMUL2 a register and no
+// table loads (frag_a_bf16w). MX weights stay on the tables: their UE8M0 scales reach 2^127, past
+// what a scale × 2^118 factor can hold.
+inline bool bf16_word_operands(const MoeConfig& c) { return c.format == WeightFormat::kNVFP4 && c.mode != ActMode::kA4; }
 
 struct RunArgs {
   const void* x;

@@ -135,6 +135,7 @@ void launch_direct_micro(const MoeConfig& c, const DeviceWeights& w, DirectMicro
   p.hidden = c.hidden, p.h_pad = w.h_pad, p.i_pad = w.i_pad;
   p.gated = c.gated();
   p.nvfp4 = c.format == WeightFormat::kNVFP4;
+  p.bf16_words = w.bf16_words;
   p.block = c.weight_block();
   p.q = kernels::quant_kind(c.format, c.mode);
   p.activation = c.activation;

@@ -172,6 +172,7 @@ kernels::MoeGemmParams moe_gemm_params(const MoeConfig& c, const DeviceWeights& 
   g.expert_offset = ws.expert_offset.get<int>();
   g.nvfp4 = c.format == WeightFormat::kNVFP4;
   g.f16_words = w.f16_words;
+  g.bf16_words = w.bf16_words;
   g.block = c.weight_block();
   g.gated = c.gated();
   g.i_pad = w.i_pad;

@@ -71,6 +71,7 @@ struct Params {
   int first, experts;         // local expert range
   int hidden, h_pad, i_pad;
   bool gated, nvfp4;
+  bool bf16_words;            // NVFP4 codes stored as bf16 words (DeviceWeights::bf16_words): alpha × 2^8
   int block;                  // weight scale block (16 / 32)
   QuantKind q;                // activation quantiser (both GEMM inputs)
   Activation activation;
@@ -103,6 +104,14 @@ struct Params {
   bool out_fp32;
   unsigned long long* trace;  // diagnostics: null, or [grid][kTraceSlots] per CTA (kTraceStamps, kTraceSums, kTraceWhere)
 };
+
+// The unit the dequantised weights are read in: 2^6 on the f16 path (code × scale × 2^-6), 2^8 on bf16
+// words (× 2^-8), 1 on the tables; alpha is multiplied by it (exact).
+template <bool kF16>
+__device__ __forceinline__ float weight_unit(const Params& p) {
+  return kF16 ? 64.f : (p.bf16_words ? 256.f : 1.f);
+}
+
 inline constexpr int kTraceStamps = 7;  // %globaltimer at start, setup, phase 0, barrier, phase 1, barrier, end
 // ns summed over the CTA's items: FC1 GEMM (to the partial sums' barrier), FC1 epilogue + Q2, FC2 GEMM
 // (to the sums' barrier), FC2 hand-over + top-k sum.
@@ -417,17 +426,25 @@ __device__ __forceinline__ void load_stage(StreamStage<kS, kU, kG>& st, const ui
   }
 }
 
+// How mma_stage dequantises: f16 words (kF16), bf16 words (Params::bf16_words) or the tables.
+enum class Dq { kF16, kBf16Words, kTables };
+
 // Dequantises the stage's tiles and multiplies them into acc (k-tiles past KT skipped).
-template <int kS, int kU, int kG, bool kF16>
-__device__ __forceinline__ void mma_stage(const StreamStage<kS, kU, kG>& st, const FragLut& lut, int KT, int kt0,
-                                          float (&acc)[kS][kG][4]) {
+template <int kS, int kU, int kG, Dq kDq>
+__device__ __forceinline__ void mma_stage_as(const StreamStage<kS, kU, kG>& st, const FragLut& lut, int KT, int kt0,
+                                             float (&acc)[kS][kG][4]) {
+  constexpr bool kF16 = kDq == Dq::kF16;
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
     if (kt0 + u >= KT) break;
-    F16Scales f16s[kS];  // the f16 path's scales, converted once per tile
+    F16Scales f16s[kS];     // the f16 path's scales, converted once per tile
+    Bf16wScales bws[kS];    // the bf16 words' (scale × 2^118), likewise
     if constexpr (kF16)
 #pragma unroll
       for (int s = 0; s < kS; ++s) f16s[s] = frag_scales_f16(st.slo[u][s], st.shi[u][s]);
+    if constexpr (kDq == Dq::kBf16Words)
+#pragma unroll
+      for (int s = 0; s < kS; ++s) bws[s] = frag_scales_bf16w(st.slo[u][s], st.shi[u][s]);
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
 #pragma unroll
@@ -436,6 +453,7 @@ __device__ __forceinline__ void mma_stage(const StreamStage<kS, kU, kG>& st, con
         const uint32_t word = t == 0 ? v.x : t == 1 ? v.y : t == 2 ? v.z : v.w;
         uint32_t a[4];
         if constexpr (kF16) frag_a_f16(word, f16s[s], t, a);
+        else if constexpr (kDq == Dq::kBf16Words) frag_a_bf16w(word, bws[s], t, a);
         else frag_a_bf16(lut, word, st.slo[u][s], st.shi[u][s], t, a);
 #pragma unroll
         for (int q = 0; q < kG; ++q) {
@@ -448,6 +466,16 @@ __device__ __forceinline__ void mma_stage(const StreamStage<kS, kU, kG>& st, con
       }
     }
   }
+}
+
+// The bf16 variant picks its dequantisation once a stage (a uniform branch): bf16 words for NVFP4,
+// the tables for MX.
+template <int kS, int kU, int kG, bool kF16>
+__device__ __forceinline__ void mma_stage(const StreamStage<kS, kU, kG>& st, const FragLut& lut, bool bf16_words,
+                                          int KT, int kt0, float (&acc)[kS][kG][4]) {
+  if constexpr (kF16) mma_stage_as<kS, kU, kG, Dq::kF16>(st, lut, KT, kt0, acc);
+  else if (bf16_words) mma_stage_as<kS, kU, kG, Dq::kBf16Words>(st, lut, KT, kt0, acc);
+  else mma_stage_as<kS, kU, kG, Dq::kTables>(st, lut, KT, kt0, acc);
 }
 
 // Streams kS weight row tiles of one expert over KT k-tiles against kG groups of routed rows.
@@ -472,17 +500,17 @@ __device__ __forceinline__ void stream_gemm(const Params& p, const Smem<kF16>& s
     for (int kt0 = 0; kt0 < KT; kt0 += kU) {
       StreamStage<kS, kU, kG> st;
       load_stage(st, w, sc, sb, KT, brow, kt0);
-      mma_stage<kS, kU, kG, kF16>(st, lut, KT, kt0, acc);
+      mma_stage<kS, kU, kG, kF16>(st, lut, p.bf16_words, KT, kt0, acc);
     }
   } else {
     StreamStage<kS, kU, kG> s0, s1;
     load_stage(s0, w, sc, sb, KT, brow, 0);
     for (int kt0 = 0; kt0 < KT; kt0 += 2 * kU) {  // warp-uniform
       if (kt0 + kU < KT) load_stage(s1, w, sc, sb, KT, brow, kt0 + kU);
-      mma_stage<kS, kU, kG, kF16>(s0, lut, KT, kt0, acc);
+      mma_stage<kS, kU, kG, kF16>(s0, lut, p.bf16_words, KT, kt0, acc);
       if (kt0 + kU >= KT) break;
       if (kt0 + 2 * kU < KT) load_stage(s0, w, sc, sb, KT, brow, kt0 + 2 * kU);
-      mma_stage<kS, kU, kG, kF16>(s1, lut, KT, kt0 + kU, acc);
+      mma_stage<kS, kU, kG, kF16>(s1, lut, p.bf16_words, KT, kt0 + kU, acc);
     }
   }
 }
@@ -544,7 +572,7 @@ __device__ void fc1_item(const Params& p, Smem<kF16>& sm, int u, int cb) {
     lap(p, &t0, 0);
     // Epilogue, one warp per route of the pass, lane = column: Σ over warps in order → alpha, bias →
     // act → bf16 → Q2 of the lanes' blocks (amax by shuffles) → A2[r] (permuted).
-    const float alpha = sm.alpha1[u] * (kF16 ? 64.f : 1.f);  // kF16: the weights were read as code × 2^-6
+    const float alpha = sm.alpha1[u] * weight_unit<kF16>(p);  // the weights were read as code × scale × 2^-6 or 2^-8
     const int ic = 32 * cb + lane;
     float b_up = 0.f, b_gate = 0.f;
     if (p.b13) {
@@ -699,7 +727,7 @@ __device__ void fc2_item(const Params& p, Smem<kF16>& sm, int rc, int part, int 
         // Weighted term rounded on its own, then added (no FMA contraction): the same arithmetic as a
         // K = 1 call per route followed by a slot-order sum, which the expert-parallel all-to-all path
         // runs, so both give the same bits.
-        const float term = __fmul_rn(sm.route_w[r], fmaf(sm.alpha2[slot[jj]] * (kF16 ? 64.f : 1.f), dd, b[jj]));
+        const float term = __fmul_rn(sm.route_w[r], fmaf(sm.alpha2[slot[jj]] * weight_unit<kF16>(p), dd, b[jj]));
         s = __fadd_rn(s, term);
       }
     }
@@ -731,7 +759,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) direct_micro_kernel(Pa
     asm("mov.u32 %0, %%smid;" : "=r"(smid));
     where(p, 0, smid);
   }
-  if (!kF16) fill_frag_tables(tables(sm), p.nvfp4, threadIdx.x, kThreads);
+  if (!kF16 && !p.bf16_words) fill_frag_tables(tables(sm), p.nvfp4, threadIdx.x, kThreads);  // MX only
   const float x0 = phase0_first_x<kF16>(p);
   build_routing(p, sm);
   const int nt = sm.num_touched;

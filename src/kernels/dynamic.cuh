@@ -19,9 +19,10 @@
 //                      64c + 16w... Once the stage is full each lane reads its 16 bytes of codes (one
 //                      LDS.128) and its two scale words; dequantises them to A fragments
 //                      (common/frag_dequant.cuh, exact): f16 by bit moves and E4M3 conversions for
-//                      NVFP4-a4 (kF16; A1/A2 are then stored as f16), bf16 through per-lane tables
-//                      otherwise; and issues 4 × wgmma m64nBMk16 with A from registers and B = the
-//                      activation tile.
+//                      NVFP4-a4 (kF16; A1/A2 are then stored as f16), bf16 by bit moves and one
+//                      HMUL2 a register for NVFP4's other modes (bf16 words, frag_a_bf16w), bf16
+//                      through per-lane tables for MX; and issues 4 × wgmma m64nBMk16 with A from
+//                      registers and B = the activation tile.
 //   Then the two consumers stage alpha·acc + bias transposed (routed row × weight column) and run
 //   the FC1 or FC2 epilogue of the tile together (named barrier over 256 threads); at BM >= 64
 //   (kHelpOf) they only stage it, and 8 helper warps (warpgroups 3 and 4) run the epilogue while the
@@ -328,10 +329,11 @@ __device__ __forceinline__ SplitPlan gemm_split_plan(const MoeGemmParams& p, int
 }
 
 // Expert e's alpha as the register path applies it: × 2^6 for kF16, whose weights frag_a_f16 reads as
-// code × scale × 2^-6 (exact).
+// code × scale × 2^-6, and × 2^8 for the bf16 variant on bf16 words (frag_a_bf16w: code × scale ×
+// 2^-8); both exact, so the results equal the tables' bit for bit.
 template <bool kF16>
 __device__ __forceinline__ float expert_alpha(const MoeGemmParams& p, int e) {
-  return p.alpha[e] * (kF16 ? 64.0f : 1.0f);
+  return p.alpha[e] * (kF16 ? 64.0f : (p.bf16_words ? 256.0f : 1.0f));
 }
 
 // The end of a tile: consumer warpgroup c's accumulators (weight rows [64c, 64c + 64) × BM routed
@@ -539,6 +541,10 @@ __device__ __forceinline__ void add_partials(const Split& sp, const SplitPlan& p
 // bit moves and E4M3 conversions (frag_a_f16, ~18 instructions per k16 step and lane, no shared
 // loads) instead of the per-lane tables (frag_a_bf16: 6 LDS, their address IMADs and PRMTs; the
 // profile counted 68 instructions per HGMMA in all, NOTES session 11), and the wgmma reads f16.
+// The bf16 variant on bf16 words (MoeGemmParams::bf16_words: NVFP4-a16 and -a8) likewise has no table
+// loads (frag_a_bf16w, 13 instructions a step); its tables serve MX weights. Why: at decode the
+// tables' LDS made a16 issue-bound (deepseek-v3 T = 64 FC1 on the H100: 960 M instructions against
+// a4's 666 M, 226 M shared wavefronts against 63 M, issue slots 72 %, NOTES session 42).
 // done (static's FC1, else null): after an item's epilogue has stored its A2 rows, every consumer
 // thread fences them for the async proxy, and once both consumers have (named barrier 1) one thread
 // adds 1 to done[its m-tile] with release semantics (produce's `ready`).
@@ -641,6 +647,10 @@ __device__ __forceinline__ void consume_item(const MoeGemmParams& p, Smem<BM, kF
       const F16Scales f16s = frag_scales_f16(slo, shi);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) frag_a_f16(words[ks], f16s, ks, a[ks]);
+    } else if (p.bf16_words) {  // NVFP4 with bf16 operands: no table loads (one uniform branch a stage)
+      const Bf16wScales bws = frag_scales_bf16w(slo, shi);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) frag_a_bf16w(words[ks], bws, ks, a[ks]);
     } else {
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) frag_a_bf16(lut, words[ks], slo, shi, ks, a[ks]);
@@ -782,15 +792,17 @@ __device__ __forceinline__ void help(const MoeGemmParams& p, Smem<BM, kF16>& sm,
 
 // A register-path CTA's start (dynamic's gemm_kernel, static's static_kernel), all threads: the
 // ring's barriers (thread 0; "full" takes the producer's one arrival with the stage's bytes), the
-// bf16 variant's lookup tables, then a __syncthreads.
+// bf16 variant's lookup tables (not on bf16 words, whose dequantisation reads none), then a
+// __syncthreads.
 template <int BM, bool kF16>
-__device__ __forceinline__ void start_cta(Smem<BM, kF16>& sm, bool nvfp4) {
+__device__ __forceinline__ void start_cta(Smem<BM, kF16>& sm, bool nvfp4, bool bf16_words) {
   if (threadIdx.x == 0) {
     init_pipeline<Smem<BM, kF16>::kStages>(sm.full, sm.empty, &sm.aborted);
     ptx::mbar_init(&sm.c_full, kConsumers * kWarpgroup);  // the helpers' (kHelp; unused otherwise)
     ptx::mbar_init(&sm.c_empty, kHelpers);
   }
-  if constexpr (!kF16) fill_frag_tables(sm.tables, nvfp4, threadIdx.x, blockDim.x);  // 384 or 640 threads
+  if constexpr (!kF16)
+    if (!bf16_words) fill_frag_tables(sm.tables, nvfp4, threadIdx.x, blockDim.x);  // 384 or 640 threads
   __syncthreads();
 }
 
@@ -832,7 +844,7 @@ __global__ void __launch_bounds__(kSplit ? kThreads : kGemmThreads<BM>, kCtasPer
   // variant's tables) overlaps the tail of the kernel before; everything after the wait reads its
   // output. The kernel after this one may launch now: it waits for this one to complete.
   ptx::launch_dependents();
-  start_cta(sm, p.nvfp4);
+  start_cta(sm, p.nvfp4, p.bf16_words);
   ptx::wait_prior_grids();
   const ptx::Watchdog wd{&sm.aborted, watchdog};
   const int whole = kSplit ? gemm_split_plan(p, n_tiles, split).whole : *p.num_tiles * n_tiles;

@@ -90,6 +90,22 @@ FP4MOE_HD int64_t wtile_offset(int slot, int y, int kt, int n_tiles, int k_pad) 
   return ((static_cast<int64_t>(slot) * n_tiles + y) * (k_pad / BK) + kt) * kWTileElems;
 }
 
+// A unit's registers through the tables: vals[t][r] = code pair (byte r of standard word t) × the
+// row's scale (slo: rows g, shi: rows g + 8; byte t is k16 step t's scale in both formats, as
+// frag_scales spreads MX words).
+__device__ __forceinline__ void lookup_unit(const E2m1x2Table& e2m1, uint4 codes, uint32_t slo, uint32_t shi, bool nvfp4,
+                                            uint32_t (&vals)[4][4]) {
+  const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const __nv_bfloat162 s_lo = scale_bf16x2(static_cast<uint8_t>(slo >> (8 * t)), nvfp4);
+    const __nv_bfloat162 s_hi = scale_bf16x2(static_cast<uint8_t>(shi >> (8 * t)), nvfp4);
+    const uint32_t lo = *reinterpret_cast<const uint32_t*>(&s_lo), hi = *reinterpret_cast<const uint32_t*>(&s_hi);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) vals[t][r] = hmul2_bf16_bits(e2m1.v[(words[t] >> (8 * r)) & 0xFF], (r & 1) ? hi : lo);
+  }
+}
+
 // ---- the dequantisation pre-pass --------------------------------------------------------------------
 // One warp per unit u = ((slot · n_tiles + y) · ktiles + kt) · 8 + q: the 16 weight rows 16q.. of
 // tile (slot, y, kt). Lane (g, c) = (lane / 4, lane % 4) holds, for k16 step t, the codes of rows
@@ -119,55 +135,87 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams 
     const int e = p.expert_base + slot;
     if (p.expert_offset[e + 1] == p.expert_offset[e]) continue;  // no routed rows: never read
     const int v0 = 16 * q;
-    uint4 codes = make_uint4(0, 0, 0, 0);
-    uint32_t slo = 0, shi = 0;
-    bool ok = true;
+    // vals[t][r]: register r of k16 step t (row g + 8·(r & 1), k 16t + 8·(r >> 1) + 2c) as bf16x2.
+    uint32_t vals[4][4];
+    // NVFP4 on bf16 words (MoeGemmParams::bf16_words): frag_a_bf16w gives code × scale × 2^-8, and one
+    // HMUL2 by 2^8 the value (exact), ~5 instructions a register against ~12 for the words read back
+    // as standard ones and looked up.
+    constexpr uint32_t kTwoTo8 = 0x43804380u;  // bf16x2 (256, 256)
+    auto words_of = [](uint4 v, int t) { return t == 0 ? v.x : t == 1 ? v.y : t == 2 ? v.z : v.w; };
     if (kFc1 && p.gated) {
       // Interleaved unit (the copy's layout, file comment): its rows 0..7 are the up rows of
       // intermediate columns j0 = 64y + 8q .. j0 + 7, rows 8..15 their gate rows, each the top
       // (hh = 0) or bottom half of a fragment tile: weight_row's row tiles q / 2 (up) and 4 + q / 2
-      // (gate). Lane (g, c)'s byte r of a word is row g + 8·(r & 1): take the up tile's byte
+      // (gate). Lane (g, c)'s register r is row g + 8·(r & 1): take the up tile's register
       // (r & 2) | hh for even r and the gate tile's for odd r; the scales likewise.
       const int hh = q & 1;
       const dynamic::RowTile ru = dynamic::row_tile<kFc1>(p, TileInfo{y, e, 0, 0}, q / 2);
       const dynamic::RowTile rg = dynamic::row_tile<kFc1>(p, TileInfo{y, e, 0, 0}, 4 + q / 2);
-      ok = ru.ok && rg.ok;  // i_pad is a multiple of 64: always
+      const bool ok = ru.ok && rg.ok;  // i_pad is a multiple of 64: always
       const uint64_t tu = ru.tile0 + kt, tg = rg.tile0 + kt;
-      const uint4 cu = standard_words(__ldg(p.w_frag + tu * 32 + lane), p.f16_words);
-      const uint4 cg = standard_words(__ldg(p.w_frag + tg * 32 + lane), p.f16_words);
+      const uint4 wu = __ldg(p.w_frag + tu * 32 + lane), wg = __ldg(p.w_frag + tg * 32 + lane);
       uint32_t ulo, uhi, glo, ghi;
       frag_scales(p.s_frag + tu * 16 * sb, sb, ulo, uhi);
       frag_scales(p.s_frag + tg * 16 * sb, sb, glo, ghi);
-      const uint32_t sel = hh ? 0x7351u : 0x6240u;
-      codes = make_uint4(__byte_perm(cu.x, cg.x, sel), __byte_perm(cu.y, cg.y, sel), __byte_perm(cu.z, cg.z, sel),
-                         __byte_perm(cu.w, cg.w, sel));
-      slo = hh ? uhi : ulo;
-      shi = hh ? ghi : glo;
+      if (p.bf16_words) {
+        const Bf16wScales su = frag_scales_bf16w(ulo, uhi), sg = frag_scales_bf16w(glo, ghi);
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          uint32_t au[4], ag[4];
+          frag_a_bf16w(words_of(wu, t), su, t, au);
+          frag_a_bf16w(words_of(wg, t), sg, t, ag);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int src = (r & 2) | hh;
+            vals[t][r] = hmul2_bf16_bits((r & 1) ? ag[src] : au[src], kTwoTo8);
+          }
+        }
+      } else {
+        const uint4 cu = standard_words(wu, p.f16_words, false), cg = standard_words(wg, p.f16_words, false);
+        const uint32_t sel = hh ? 0x7351u : 0x6240u;
+        const uint4 codes = make_uint4(__byte_perm(cu.x, cg.x, sel), __byte_perm(cu.y, cg.y, sel),
+                                       __byte_perm(cu.z, cg.z, sel), __byte_perm(cu.w, cg.w, sel));
+        lookup_unit(e2m1, codes, hh ? uhi : ulo, hh ? ghi : glo, p.nvfp4, vals);
+      }
+      if (!ok)
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) vals[t][r] = 0u;
     } else {
       const dynamic::RowTile rt = dynamic::row_tile<kFc1>(p, TileInfo{y, e, 0, 0}, q);  // rows v0.. of the n-tile
-      ok = rt.ok;
-      if (ok) {
+      if (!rt.ok) {
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) vals[t][r] = 0u;
+      } else {
         const uint64_t ftile = rt.tile0 + kt;
-        codes = standard_words(__ldg(p.w_frag + ftile * 32 + lane), p.f16_words);
+        const uint4 w = __ldg(p.w_frag + ftile * 32 + lane);
+        uint32_t slo, shi;
         frag_scales(p.s_frag + ftile * 16 * sb, sb, slo, shi);
+        if (p.bf16_words) {
+          const Bf16wScales sw = frag_scales_bf16w(slo, shi);
+#pragma unroll
+          for (int t = 0; t < 4; ++t) {
+            uint32_t a[4];
+            frag_a_bf16w(words_of(w, t), sw, t, a);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) vals[t][r] = hmul2_bf16_bits(a[r], kTwoTo8);
+          }
+        } else {
+          lookup_unit(e2m1, standard_words(w, p.f16_words, false), slo, shi, p.nvfp4, vals);
+        }
       }
     }
     unsigned char* dst = reinterpret_cast<unsigned char*>(p.w_bf16 + wtile_offset(slot, y, kt, n_tiles, p.k_pad));
-    const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
 #pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      // frag_scales spreads MX words, so byte t is k16 step t's scale for both formats.
-      const __nv_bfloat162 s_lo = scale_bf16x2(static_cast<uint8_t>(slo >> (8 * t)), p.nvfp4);
-      const __nv_bfloat162 s_hi = scale_bf16x2(static_cast<uint8_t>(shi >> (8 * t)), p.nvfp4);
-      const uint32_t s2[4] = {*reinterpret_cast<const uint32_t*>(&s_lo), *reinterpret_cast<const uint32_t*>(&s_hi),
-                              *reinterpret_cast<const uint32_t*>(&s_lo), *reinterpret_cast<const uint32_t*>(&s_hi)};
+    for (int t = 0; t < 4; ++t)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {  // register r: row g + 8·(r & 1), k 16t + 8·(r >> 1) + 2c
-        const uint32_t v = ok ? hmul2_bf16_bits(e2m1.v[(words[t] >> (8 * r)) & 0xFF], s2[r]) : 0u;
+      for (int r = 0; r < 4; ++r) {
         const int row = g + 8 * (r & 1), k = 16 * t + 8 * (r >> 1) + 2 * cq;  // row within the unit
-        *reinterpret_cast<uint32_t*>(st + wgmma::sw128_offset(row, k)) = v;
+        *reinterpret_cast<uint32_t*>(st + wgmma::sw128_offset(row, k)) = vals[t][r];
       }
-    }
     __syncwarp();
     // The unit's rows v0.. start at byte 128·v0 of the tile (v0 % 8 == 0: whole atoms).
     uint4* const out = reinterpret_cast<uint4*>(dst + 128 * v0);

@@ -84,6 +84,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
   auto load_b = [&](int kt) {
     codes = *reinterpret_cast<const uint2*>(w_codes + (kt >> 1) * 512 + (kt & 1) * 8);
     if (p.f16_words) codes = make_uint2(standard_word_from_f16(codes.x), standard_word_from_f16(codes.y));
+    if (p.bf16_words) codes = make_uint2(standard_word_from_bf16(codes.x), standard_word_from_bf16(codes.y));
     frag_scales(w_scale + (kt >> 1) * 16 * sb, sb, slo, shi);
   };
 

@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, dk::kCtasPerSm<BM, kF16>) static_ker
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   dk::Smem<BM, kF16>& sm = dk::aligned_smem<dk::Smem<BM, kF16>>(smem_raw);
   if (threadIdx.x == 0) trace_at(p, kTraceEntry, ptx::globaltimer_ns());
-  dk::start_cta(sm, p.fc1.nvfp4);
+  dk::start_cta(sm, p.fc1.nvfp4, p.fc1.bf16_words);
   // A programmatic dependent of the gather (launch_static_moe.cuh): the set-up above overlapped its
   // tail; from here on the routing's and the gather's outputs are visible.
   ptx::wait_prior_grids();

@@ -28,16 +28,21 @@ TEST(FragmentLayout, RepackedWeightsAreTheMmaAFragments) {
     std::vector<uint8_t> codes(static_cast<size_t>(experts) * rows * k / 2), scales(experts * rows * (k / bs));
     for (auto& b : codes) b = static_cast<uint8_t>(rng());
     for (auto& b : scales) b = static_cast<uint8_t>(rng());
-    std::vector<uint8_t> fc, fs, fc16, fs16;
+    std::vector<uint8_t> fc, fs, fc16, fs16, fcb, fsb;
     gpu::to_fragment_order(codes, scales, experts, rows, k, bs, fc, fs);
-    gpu::to_fragment_order(codes, scales, experts, rows, k, bs, fc16, fs16, /*f16_words=*/true);
-    ASSERT_EQ(fs16, fs);  // f16 words change the codes only
+    gpu::to_fragment_order(codes, scales, experts, rows, k, bs, fc16, fs16, kernels::WordLayout::kF16);
+    gpu::to_fragment_order(codes, scales, experts, rows, k, bs, fcb, fsb, kernels::WordLayout::kBf16);
+    ASSERT_EQ(fs16, fs);  // f16 and bf16 words change the codes only
+    ASSERT_EQ(fsb, fs);
     ASSERT_EQ(fc16.size(), fc.size());
-    for (size_t i = 0; i < fc.size(); i += 4) {  // each f16 word is its standard word, repacked
-      uint32_t w = 0, w16 = 0;
+    ASSERT_EQ(fcb.size(), fc.size());
+    for (size_t i = 0; i < fc.size(); i += 4) {  // each f16 or bf16 word is its standard word, repacked
+      uint32_t w = 0, w16 = 0, wb = 0;
       std::memcpy(&w, &fc[i], 4);
       std::memcpy(&w16, &fc16[i], 4);
+      std::memcpy(&wb, &fcb[i], 4);
       ASSERT_EQ(w16, kernels::f16_word_from_standard(w)) << "word " << i / 4;
+      ASSERT_EQ(wb, kernels::bf16_word_from_standard(w)) << "word " << i / 4;
     }
     ASSERT_EQ(fc.size(), codes.size());
     ASSERT_EQ(fs.size(), scales.size());
@@ -211,6 +216,45 @@ TEST(FragmentLayout, Bf16WordsGiveEachCodeAsBf16WorthTheCodeTimes2ToTheMinus126)
       for (uint32_t around : {0u, 0xFFFFFFFFu, static_cast<uint32_t>(rng())})
         check((around & ~(0xFu << (4 * pos))) | (v << (4 * pos)));
   for (int i = 0; i < 200000; ++i) check(static_cast<uint32_t>(rng()));
+}
+
+// fold_scale_signs (the bf16 words' repack): every E2M1 code × E4M3 scale keeps its value (zeros may
+// change sign), every NaN-free scale ends ≥ +0, a zero scale's block holds +0 codes only, and a block
+// with a positive scale is left as it was.
+TEST(FragmentLayout, FoldScaleSignsKeepsEveryProduct) {
+  const int rows = 37, k = 128, bs = 16, sb = k / bs;
+  std::mt19937 rng(5);
+  std::vector<uint8_t> codes(rows * k / 2), scales(rows * sb);
+  for (auto& b : codes) b = static_cast<uint8_t>(rng());
+  for (auto& s : scales) {
+    do s = static_cast<uint8_t>(rng());
+    while ((s & 0x7F) == 0x7F);  // NaN scales are rejected before the repack (canonicalize)
+  }
+  for (int i = 0; i < 8; ++i) scales[rng() % scales.size()] = (i & 1) ? 0x80 : 0x00;  // ±0 scales
+  std::vector<uint8_t> c2 = codes, s2 = scales;
+  gpu::fold_scale_signs(c2.data(), s2.data(), rows, k, bs);
+  int negative = 0, zero = 0;
+  for (int r = 0; r < rows; ++r)
+    for (int j = 0; j < sb; ++j) {
+      const uint8_t s = scales[r * sb + j], t = s2[r * sb + j];
+      ASSERT_EQ(t & 0x80, 0) << "row " << r << " block " << j;
+      negative += (s & 0x80) && (s & 0x7F);
+      zero += (s & 0x7F) == 0;
+      for (int kk = j * bs; kk < (j + 1) * bs; ++kk) {
+        const int sh = (kk & 1) * 4;
+        const uint8_t n = (codes[(r * k + kk) / 2] >> sh) & 0xF, m = (c2[(r * k + kk) / 2] >> sh) & 0xF;
+        const double before = fmt::e2m1_decode(n) * double(fmt::e4m3_decode(s));
+        const double after = fmt::e2m1_decode(m) * double(fmt::e4m3_decode(t));
+        ASSERT_EQ(after, before) << "row " << r << " k " << kk;
+        if ((s & 0x7F) == 0) {
+          ASSERT_EQ(m, 0) << "row " << r << " k " << kk;
+        } else if (!(s & 0x80)) {
+          ASSERT_EQ(m, n) << "row " << r << " k " << kk;
+        }
+      }
+    }
+  EXPECT_GT(negative, 0);
+  EXPECT_GT(zero, 0);
 }
 
 }  // namespace

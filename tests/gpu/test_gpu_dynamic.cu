@@ -296,7 +296,11 @@ struct GemmDeviceCase {
 // or 128) routed rows. f16 (NVFP4 only): the register path's f16 variant (MoeGemmParams::f16), the
 // activations uploaded as f16 (each random value rounded to f16 first, so the reference multiplies
 // exactly what the kernel reads).
-void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int tile_m = 128, bool f16 = false) {
+// bf16_words (NVFP4, not f16): the codes stored as bf16 words (DeviceWeights::bf16_words, what the
+// runner stores for NVFP4 with bf16 operands), the scales drawn with random signs and some ±0, then
+// folded as upload_weights folds them (fold_scale_signs); the reference takes the drawn ones.
+void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int tile_m = 128, bool f16 = false,
+                   bool bf16_words = false) {
   const int E = static_cast<int>(g.rows_per_expert.size()), N = g.n, K = g.k, bs = g.nvfp4 ? 16 : 32;
   const int BM = bf16_group > 0 ? kernels::dynamic_bf16::BM : tile_m;
   std::mt19937_64 rng(seed);
@@ -324,6 +328,11 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int til
   for (auto& c : codes) c = static_cast<uint8_t>(rng());
   for (auto& s : scales)
     s = g.nvfp4 ? static_cast<uint8_t>(((4 + rng() % 7) << 3) | (rng() % 8)) : static_cast<uint8_t>(124 + rng() % 7);
+  if (bf16_words)
+    for (auto& s : scales) {
+      if (rng() % 2) s |= 0x80;           // negative: its sign goes into the codes
+      if (rng() % 64 == 0) s &= 0x80;     // ±0: its codes are zeroed
+    }
   std::vector<double> wdeq(static_cast<size_t>(E) * N * K);  // exactly dequantised W[e][n][k]
   for (size_t en = 0; en < static_cast<size_t>(E) * N; ++en)
     for (int k = 0; k < K; ++k) {
@@ -333,9 +342,17 @@ void run_gemm_case(const GemmCase& g, uint64_t seed, int bf16_group = 0, int til
     }
 
   std::vector<uint8_t> fcodes, fscales;  // the mma-fragment order the kernel streams
-  gpu::to_fragment_order(codes, scales, E, N, K, bs, fcodes, fscales, /*f16_words=*/f16);
+  if (bf16_words) {
+    std::vector<uint8_t> folded_codes = codes, folded_scales = scales;
+    gpu::fold_scale_signs(folded_codes.data(), folded_scales.data(), int64_t(E) * N, K, bs);
+    gpu::to_fragment_order(folded_codes, folded_scales, E, N, K, bs, fcodes, fscales, kernels::WordLayout::kBf16);
+  } else {
+    gpu::to_fragment_order(codes, scales, E, N, K, bs, fcodes, fscales,
+                           f16 ? kernels::WordLayout::kF16 : kernels::WordLayout::kStandard);
+  }
   GemmDeviceCase dc(g, sch, a, fcodes, fscales, f16);
   kernels::MoeGemmParams& p = dc.p;
+  p.bf16_words = bf16_words;
   DeviceArray<int> d_watchdog(std::vector<int>(kernels::ptx::kWatchdogReportInts, 0));
 
   gpu::DynamicWorkspace ws(0);
@@ -435,8 +452,8 @@ TEST(GpuDynamicGemm, MatchesCpuGemmOfDequantisedWeights) {
   uint64_t seed = 100;
   for (const GemmCase& g : register_path_cases())
     for (int tile_m : {16, 32, 64, 128}) {  // every m-tile the dispatcher picks (dynamic_tile_m)
-      SCOPED_TRACE(describe(g) + " m-tiles of " + std::to_string(tile_m));
-      run_gemm_case(g, seed++, 0, tile_m);
+      SCOPED_TRACE(describe(g) + " m-tiles of " + std::to_string(tile_m) + (g.nvfp4 ? ", bf16 words" : ""));
+      run_gemm_case(g, seed++, 0, tile_m, false, /*bf16_words=*/g.nvfp4);  // NVFP4 as the runner stores it
     }
 }
 
@@ -601,8 +618,8 @@ TEST(GpuDynamicGemm, Bf16PathMatchesCpuGemmOfDequantisedWeights) {
   uint64_t seed = 200;
   for (const GemmCase& g : cases)
     for (int group : {static_cast<int>(g.rows_per_expert.size()), 2}) {
-      SCOPED_TRACE(describe(g) + " bf16 groups of " + std::to_string(group));
-      run_gemm_case(g, seed++, group);
+      SCOPED_TRACE(describe(g) + " bf16 groups of " + std::to_string(group) + (g.nvfp4 ? ", bf16 words" : ""));
+      run_gemm_case(g, seed++, group, 128, false, /*bf16_words=*/g.nvfp4);
     }
 }
 
@@ -701,7 +718,7 @@ GemmDeviceCase stream_case(int E, uint64_t seed, int& tiles) {
   for (auto& c : codes) c = static_cast<uint8_t>(rng());
   for (auto& x : scales) x = static_cast<uint8_t>(((4 + rng() % 7) << 3) | (rng() % 8));
   std::vector<uint8_t> fcodes, fscales;
-  gpu::to_fragment_order(codes, scales, E, kStreamN, kStreamK, bs, fcodes, fscales, /*f16_words=*/true);
+  gpu::to_fragment_order(codes, scales, E, kStreamN, kStreamK, bs, fcodes, fscales, kernels::WordLayout::kF16);
   return GemmDeviceCase(g, sch, a, fcodes, fscales, /*f16=*/true);
 }
 
@@ -718,7 +735,7 @@ __global__ void __launch_bounds__(kernels::dynamic::kThreads, kernels::dynamic::
   namespace dk = kernels::dynamic;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   dk::Smem<BM, kF16>& sm = dk::aligned_smem<dk::Smem<BM, kF16>>(smem_raw);
-  dk::start_cta(sm, p.nvfp4);
+  dk::start_cta(sm, p.nvfp4, p.bf16_words);
   const kernels::ptx::Watchdog wd{&sm.aborted, nullptr};
   const int work = *p.num_tiles * n_tiles, ktiles = p.k_pad / dk::BK;
   constexpr int kRing = dk::Smem<BM, kF16>::kStages;
@@ -899,7 +916,7 @@ __global__ void __launch_bounds__(kernels::dynamic::kThreads, kernels::dynamic::
   namespace dk = kernels::dynamic;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   dk::Smem<32, true>& sm = dk::aligned_smem<dk::Smem<32, true>>(smem_raw);
-  dk::start_cta(sm, p.nvfp4);
+  dk::start_cta(sm, p.nvfp4, p.bf16_words);
   const kernels::ptx::Watchdog wd{&sm.aborted, nullptr};
   const int work = *p.num_tiles * n_tiles;
   uint32_t it = 0;

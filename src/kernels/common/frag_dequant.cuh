@@ -77,11 +77,15 @@ __device__ __forceinline__ uint32_t f16_broadcast(uint32_t w, int h) {
 }
 
 // A lane's 16 bytes of codes as standard words (byte = one register's two codes), whichever way the
-// weights were stored (f16_words: DeviceWeights::f16_words), for the kernels that read codes by byte.
-__device__ __forceinline__ uint4 standard_words(uint4 v, bool f16_words) {
-  if (!f16_words) return v;
-  return make_uint4(standard_word_from_f16(v.x), standard_word_from_f16(v.y), standard_word_from_f16(v.z),
-                    standard_word_from_f16(v.w));
+// weights were stored (DeviceWeights::f16_words, bf16_words), for the kernels that read codes by byte.
+__device__ __forceinline__ uint4 standard_words(uint4 v, bool f16_words, bool bf16_words) {
+  if (f16_words)
+    return make_uint4(standard_word_from_f16(v.x), standard_word_from_f16(v.y), standard_word_from_f16(v.z),
+                      standard_word_from_f16(v.w));
+  if (bf16_words)
+    return make_uint4(standard_word_from_bf16(v.x), standard_word_from_bf16(v.y), standard_word_from_bf16(v.z),
+                      standard_word_from_bf16(v.w));
+  return v;
 }
 
 // k16 step t, f16 (NVFP4 weights only, stored as f16 words: fragment_layout.h): each value is

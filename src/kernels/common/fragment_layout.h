@@ -131,6 +131,13 @@ FP4MOE_HD uint32_t standard_word_from_bf16(uint32_t w) {
   return r;
 }
 
+// How the host stores each code word (DeviceWeights::f16_words, bf16_words): as it comes (standard),
+// or rearranged for the f16 or the bf16-word kernels.
+enum class WordLayout : int { kStandard, kF16, kBf16 };
+FP4MOE_HD uint32_t word_from_standard(uint32_t w, WordLayout layout) {
+  return layout == WordLayout::kF16 ? f16_word_from_standard(w) : layout == WordLayout::kBf16 ? bf16_word_from_standard(w) : w;
+}
+
 inline constexpr int kMaxKChunks = 8;  // k_chunk_count's cap on max_chunks
 
 // How many chunks to cut KT k-tiles into for `tiles` independent row tiles whose tiles · chunks

@@ -26,6 +26,8 @@ struct MoeGemmParams {
   int w_experts;                // experts w_frag holds (E_local): the register path's weight tensor maps span them
   bool nvfp4;                   // weight scale type: E4M3 (true) or UE8M0
   bool f16_words;               // code words stored as f16 words (DeviceWeights::f16_words, fragment_layout.h)
+  bool bf16_words;              // code words stored as bf16 words (DeviceWeights::bf16_words): the register
+                                // path's bf16 variant reads them with frag_a_bf16w, alpha taken × 2^8
   int block;                    // weight scale block: 16 or 32
   const int* tile_expert;       // routing schedule
   const int* tile_row0;
