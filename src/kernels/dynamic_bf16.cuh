@@ -142,6 +142,7 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams 
     // as standard ones and looked up.
     constexpr uint32_t kTwoTo8 = 0x43804380u;  // bf16x2 (256, 256)
     auto words_of = [](uint4 v, int t) { return t == 0 ? v.x : t == 1 ? v.y : t == 2 ? v.z : v.w; };
+    bool ok;  // the unit's weight rows exist (else its values are zeros)
     if (kFc1 && p.gated) {
       // Interleaved unit (the copy's layout, file comment): its rows 0..7 are the up rows of
       // intermediate columns j0 = 64y + 8q .. j0 + 7, rows 8..15 their gate rows, each the top
@@ -151,7 +152,7 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams 
       const int hh = q & 1;
       const dynamic::RowTile ru = dynamic::row_tile<kFc1>(p, TileInfo{y, e, 0, 0}, q / 2);
       const dynamic::RowTile rg = dynamic::row_tile<kFc1>(p, TileInfo{y, e, 0, 0}, 4 + q / 2);
-      const bool ok = ru.ok && rg.ok;  // i_pad is a multiple of 64: always
+      ok = ru.ok && rg.ok;  // i_pad is a multiple of 64: always
       const uint64_t tu = ru.tile0 + kt, tg = rg.tile0 + kt;
       const uint4 wu = __ldg(p.w_frag + tu * 32 + lane), wg = __ldg(p.w_frag + tg * 32 + lane);
       uint32_t ulo, uhi, glo, ghi;
@@ -177,19 +178,10 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams 
                                        __byte_perm(cu.z, cg.z, sel), __byte_perm(cu.w, cg.w, sel));
         lookup_unit(e2m1, codes, hh ? uhi : ulo, hh ? ghi : glo, p.nvfp4, vals);
       }
-      if (!ok)
-#pragma unroll
-        for (int t = 0; t < 4; ++t)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) vals[t][r] = 0u;
     } else {
       const dynamic::RowTile rt = dynamic::row_tile<kFc1>(p, TileInfo{y, e, 0, 0}, q);  // rows v0.. of the n-tile
-      if (!rt.ok) {
-#pragma unroll
-        for (int t = 0; t < 4; ++t)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) vals[t][r] = 0u;
-      } else {
+      ok = rt.ok;
+      if (ok) {
         const uint64_t ftile = rt.tile0 + kt;
         const uint4 w = __ldg(p.w_frag + ftile * 32 + lane);
         uint32_t slo, shi;
@@ -208,6 +200,11 @@ __global__ void __launch_bounds__(kDequantThreads) dequant_kernel(MoeGemmParams 
         }
       }
     }
+    if (!ok)
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) vals[t][r] = 0u;
     unsigned char* dst = reinterpret_cast<unsigned char*>(p.w_bf16 + wtile_offset(slot, y, kt, n_tiles, p.k_pad));
 #pragma unroll
     for (int t = 0; t < 4; ++t)

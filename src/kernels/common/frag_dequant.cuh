@@ -143,7 +143,6 @@ __device__ __forceinline__ void frag_a_bf16w(uint32_t word, const Bf16wScales& s
   a[3] = hmul2_bf16_bits((word & (kBf16wMask & ~kBf16wA3Rot)) | r8, s_hi);     // row g+8, k 2c+8
 }
 
-
 // The per-lane columns of both tables as shared-memory addresses, taken once per kernel (or loop):
 // a lookup is then byte extract (PRMT) + address (LEA: base + byte · row stride) + LDS, with no
 // generic-to-shared conversion or 64-bit index math per use.
